@@ -1,0 +1,39 @@
+/*
+ * Host file I/O from coroutines. Each call submits one operation to the
+ * loop's backend and yields until it completes. Results: bytes transferred
+ * (possibly short) or 0 for flush/fallocate/truncate, else -errno.
+ */
+#ifndef QK_AIO_AIO_H
+#define QK_AIO_AIO_H
+
+#include <stdint.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include "aio/coroutine.h"
+
+ssize_t coroutine_fn qk_co_host_preadv(int fd, const struct iovec *iov, int iovcnt, uint64_t off);
+ssize_t coroutine_fn qk_co_host_pwritev(int fd, const struct iovec *iov, int iovcnt, uint64_t off);
+int coroutine_fn qk_co_host_fdatasync(int fd);
+int coroutine_fn qk_co_host_fallocate(int fd, int mode, uint64_t off, uint64_t len);
+int coroutine_fn qk_co_host_ftruncate(int fd, uint64_t len);
+
+/* Backend interface (internal). */
+typedef enum QkAioOp {
+    QK_AIO_READ, QK_AIO_WRITE, QK_AIO_FDATASYNC, QK_AIO_FALLOCATE, QK_AIO_FTRUNCATE,
+} QkAioOp;
+
+typedef struct QkAioReq {
+    QkAioOp op;
+    int fd;
+    const struct iovec *iov;
+    int iovcnt;
+    uint64_t off;
+    uint64_t len;
+    int mode;
+    int64_t result;
+    QkCoroutine *co;
+    struct QkAioReq *next;
+} QkAioReq;
+
+#endif

@@ -1,0 +1,39 @@
+/*
+ * Internal interface between the event loop and its I/O backends.
+ * A backend queues requests, pushes them to the kernel (or its workers) in a
+ * batch once per loop iteration, and completes them by setting req->result
+ * and entering req->co.
+ */
+#ifndef QK_AIO_BACKEND_H
+#define QK_AIO_BACKEND_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "aio/aio.h"
+
+typedef struct QkAioBackend {
+    const char *name;
+    void (*queue)(void *st, QkAioReq *req);
+    /* Pushes queued requests; returns how many are in flight afterwards. */
+    unsigned (*submit)(void *st);
+    /* Completes whatever finished, without blocking; returns the count. */
+    unsigned (*reap)(void *st);
+    /* Blocks until a completion or timeout_ns (<0 forever) when this
+     * backend is the only event source; NULL if it cannot. */
+    void (*wait)(void *st, int64_t timeout_ns);
+    void (*destroy)(void *st);
+    int event_fd; /* readable in epoll when completions are ready */
+} QkAioBackend;
+
+/* Each returns a backend state or NULL, with *ops filled in. errno_out gets
+ * the reason on failure. */
+void *qk_uring_backend_new(QkAioBackend *ops, int *errno_out);
+void *qk_threads_backend_new(QkAioBackend *ops, int *errno_out);
+
+/* Completes one request: sets its result and resumes its coroutine. */
+void qk_aio_complete(QkAioReq *req, int64_t result);
+/* Queues req on the calling thread's loop backend (used by aio.c). */
+void qk_loop_queue_aio(QkAioReq *req);
+
+#endif

@@ -1,0 +1,38 @@
+/*
+ * Stackful coroutines with pooled stacks.
+ *
+ * Functions whose names start with qk_co_ (or are marked "coroutine_fn")
+ * may yield: they must be called from a coroutine. A coroutine runs until it
+ * yields or returns; it is resumed by qk_coroutine_enter() (now, nested in
+ * the caller) or qk_coroutine_wake() (later, from the event loop).
+ * Switching is a handful of register moves: no system call.
+ */
+#ifndef QK_AIO_COROUTINE_H
+#define QK_AIO_COROUTINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define coroutine_fn /* may yield: call only from a coroutine */
+
+typedef struct QkCoroutine QkCoroutine;
+typedef void coroutine_fn QkCoroutineEntry(void *opaque);
+
+/* Creates a coroutine that will run entry(opaque) when first entered. */
+QkCoroutine *qk_coroutine_create(QkCoroutineEntry *entry, void *opaque);
+/* Switches into co until it yields or finishes. A finished coroutine's
+ * stack goes back to the pool; co must not be used afterwards. */
+void qk_coroutine_enter(QkCoroutine *co);
+/* Schedules co to be entered from the event loop (safe from anywhere on
+ * the loop's thread, including from inside co itself before it yields). */
+void qk_coroutine_wake(QkCoroutine *co);
+/* Returns to whoever entered the current coroutine. */
+void coroutine_fn qk_coroutine_yield(void);
+QkCoroutine *qk_coroutine_self(void);
+bool qk_in_coroutine(void);
+
+/* Statistics and tuning. */
+size_t qk_coroutine_stack_size(void);
+void qk_coroutine_pool_drain(void);
+
+#endif

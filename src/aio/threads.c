@@ -1,0 +1,220 @@
+/*
+ * Thread-pool backend: worker threads run blocking preadv/pwritev/
+ * fdatasync/fallocate/ftruncate and hand results back through a completion
+ * list and an eventfd the loop watches. Workers are started on demand up to
+ * a limit and exit after being idle for a while.
+ */
+#include "aio/backend.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_WORKERS 64
+#define IDLE_SECONDS 10
+
+typedef struct Threads {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    QkAioReq *todo_head, *todo_tail;
+    QkAioReq *done;        /* LIFO of completed requests */
+    QkAioReq *local_head, *local_tail; /* queued this iteration, not yet handed over */
+    unsigned workers, idle;
+    unsigned in_flight;    /* loop-thread view */
+    bool stopping;
+    int efd;
+} Threads;
+
+static int64_t run_one(QkAioReq *r)
+{
+    ssize_t n;
+    switch (r->op) {
+    case QK_AIO_READ:
+        n = preadv(r->fd, r->iov, r->iovcnt, (off_t)r->off);
+        break;
+    case QK_AIO_WRITE:
+        n = pwritev(r->fd, r->iov, r->iovcnt, (off_t)r->off);
+        break;
+    case QK_AIO_FDATASYNC:
+        n = fdatasync(r->fd);
+        break;
+    case QK_AIO_FALLOCATE:
+        n = fallocate(r->fd, r->mode, (off_t)r->off, (off_t)r->len);
+        break;
+    case QK_AIO_FTRUNCATE:
+        n = ftruncate(r->fd, (off_t)r->len);
+        break;
+    default:
+        n = -1;
+        errno = EINVAL;
+    }
+    return n < 0 ? -errno : n;
+}
+
+static void *worker(void *arg)
+{
+    Threads *t = arg;
+    pthread_mutex_lock(&t->lock);
+    for (;;) {
+        while (!t->todo_head && !t->stopping) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += IDLE_SECONDS;
+            t->idle++;
+            int r = pthread_cond_timedwait(&t->cond, &t->lock, &ts);
+            t->idle--;
+            if (r == ETIMEDOUT && !t->todo_head) {
+                goto out;
+            }
+        }
+        if (t->stopping && !t->todo_head) {
+            break;
+        }
+        QkAioReq *r = t->todo_head;
+        t->todo_head = r->next;
+        if (!t->todo_head) {
+            t->todo_tail = NULL;
+        }
+        pthread_mutex_unlock(&t->lock);
+        r->result = run_one(r);
+        pthread_mutex_lock(&t->lock);
+        r->next = t->done;
+        t->done = r;
+        uint64_t one = 1;
+        ssize_t w = write(t->efd, &one, sizeof(one));
+        (void)w;
+    }
+out:
+    t->workers--;
+    pthread_cond_broadcast(&t->cond);
+    pthread_mutex_unlock(&t->lock);
+    return NULL;
+}
+
+static void threads_queue(void *st, QkAioReq *req)
+{
+    Threads *t = st;
+    req->next = NULL;
+    if (t->local_tail) {
+        t->local_tail->next = req;
+    } else {
+        t->local_head = req;
+    }
+    t->local_tail = req;
+    t->in_flight++;
+}
+
+static unsigned threads_submit(void *st)
+{
+    Threads *t = st;
+    if (!t->local_head) {
+        return t->in_flight;
+    }
+    unsigned n = 0;
+    for (QkAioReq *r = t->local_head; r; r = r->next) {
+        n++;
+    }
+    pthread_mutex_lock(&t->lock);
+    if (t->todo_tail) {
+        t->todo_tail->next = t->local_head;
+    } else {
+        t->todo_head = t->local_head;
+    }
+    t->todo_tail = t->local_tail;
+    /* Start workers while there is more queued work than idle workers. */
+    unsigned want = n > t->idle ? n - t->idle : 0;
+    while (want-- && t->workers < MAX_WORKERS) {
+        pthread_t th;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&attr, 64 * 1024);
+        if (pthread_create(&th, &attr, worker, t) == 0) {
+            t->workers++;
+        }
+        pthread_attr_destroy(&attr);
+    }
+    if (n == 1) {
+        pthread_cond_signal(&t->cond);
+    } else {
+        pthread_cond_broadcast(&t->cond);
+    }
+    pthread_mutex_unlock(&t->lock);
+    t->local_head = t->local_tail = NULL;
+    return t->in_flight;
+}
+
+static unsigned threads_reap(void *st)
+{
+    Threads *t = st;
+    uint64_t v;
+    if (read(t->efd, &v, sizeof(v)) < 0 && errno == EAGAIN) {
+        return 0;
+    }
+    pthread_mutex_lock(&t->lock);
+    QkAioReq *list = t->done;
+    t->done = NULL;
+    pthread_mutex_unlock(&t->lock);
+    /* Reverse into completion order. */
+    QkAioReq *rev = NULL;
+    while (list) {
+        QkAioReq *n = list->next;
+        list->next = rev;
+        rev = list;
+        list = n;
+    }
+    unsigned n = 0;
+    while (rev) {
+        QkAioReq *r = rev;
+        rev = r->next;
+        t->in_flight--;
+        n++;
+        qk_aio_complete(r, r->result);
+    }
+    return n;
+}
+
+static void threads_destroy(void *st)
+{
+    Threads *t = st;
+    pthread_mutex_lock(&t->lock);
+    t->stopping = true;
+    pthread_cond_broadcast(&t->cond);
+    while (t->workers) {
+        pthread_cond_wait(&t->cond, &t->lock);
+    }
+    pthread_mutex_unlock(&t->lock);
+    close(t->efd);
+    pthread_mutex_destroy(&t->lock);
+    pthread_cond_destroy(&t->cond);
+    free(t);
+}
+
+void *qk_threads_backend_new(QkAioBackend *ops, int *errno_out)
+{
+    Threads *t = calloc(1, sizeof(*t));
+    if (!t) {
+        *errno_out = ENOMEM;
+        return NULL;
+    }
+    t->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (t->efd < 0) {
+        *errno_out = errno;
+        free(t);
+        return NULL;
+    }
+    pthread_mutex_init(&t->lock, NULL);
+    pthread_cond_init(&t->cond, NULL);
+    ops->name = "threads";
+    ops->queue = threads_queue;
+    ops->submit = threads_submit;
+    ops->reap = threads_reap;
+    ops->wait = NULL;
+    ops->destroy = threads_destroy;
+    ops->event_fd = t->efd;
+    return t;
+}

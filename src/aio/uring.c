@@ -1,0 +1,159 @@
+/*
+ * io_uring backend. Requests queued during one loop iteration are
+ * submitted together, so a burst of coroutines costs one system call.
+ * Operations io_uring cannot do on this kernel (ftruncate) run inline.
+ */
+#include "aio/backend.h"
+#include "aio/coroutine.h"
+
+#include <errno.h>
+#include <liburing.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define RING_ENTRIES 256
+
+typedef struct Uring {
+    struct io_uring ring;
+    QkAioReq *overflow_head, *overflow_tail; /* waiting for a free SQE */
+    unsigned queued;    /* SQEs prepared but not submitted */
+    unsigned in_flight; /* submitted, not completed */
+} Uring;
+
+static bool prep(Uring *u, QkAioReq *req)
+{
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+    if (!sqe) {
+        return false;
+    }
+    switch (req->op) {
+    case QK_AIO_READ:
+        io_uring_prep_readv(sqe, req->fd, req->iov, req->iovcnt, req->off);
+        break;
+    case QK_AIO_WRITE:
+        io_uring_prep_writev(sqe, req->fd, req->iov, req->iovcnt, req->off);
+        break;
+    case QK_AIO_FDATASYNC:
+        io_uring_prep_fsync(sqe, req->fd, IORING_FSYNC_DATASYNC);
+        break;
+    case QK_AIO_FALLOCATE:
+        io_uring_prep_fallocate(sqe, req->fd, req->mode, req->off, req->len);
+        break;
+    default:
+        abort();
+    }
+    io_uring_sqe_set_data(sqe, req);
+    u->queued++;
+    return true;
+}
+
+static void uring_queue(void *st, QkAioReq *req)
+{
+    Uring *u = st;
+    if (req->op == QK_AIO_FTRUNCATE) {
+        /* The submitter has not yielded yet: complete it from the loop. */
+        int r = ftruncate(req->fd, (off_t)req->len);
+        req->result = r < 0 ? -errno : 0;
+        qk_coroutine_wake(req->co);
+        return;
+    }
+    if (u->overflow_head || !prep(u, req)) {
+        req->next = NULL;
+        if (u->overflow_tail) {
+            u->overflow_tail->next = req;
+        } else {
+            u->overflow_head = req;
+        }
+        u->overflow_tail = req;
+    }
+}
+
+static unsigned uring_submit(void *st)
+{
+    Uring *u = st;
+    for (;;) {
+        if (u->queued) {
+            int r = io_uring_submit(&u->ring);
+            if (r > 0) {
+                u->in_flight += (unsigned)r;
+                u->queued -= (unsigned)r;
+            } else if (r < 0 && r != -EAGAIN && r != -EBUSY && r != -EINTR) {
+                abort(); /* a broken ring is not recoverable */
+            }
+        }
+        /* Move overflow into freed SQEs. */
+        bool moved = false;
+        while (u->overflow_head && prep(u, u->overflow_head)) {
+            u->overflow_head = u->overflow_head->next;
+            moved = true;
+        }
+        if (!u->overflow_head) {
+            u->overflow_tail = NULL;
+        }
+        if (!moved) {
+            break;
+        }
+    }
+    return u->in_flight + u->queued;
+}
+
+static unsigned uring_reap(void *st)
+{
+    Uring *u = st;
+    unsigned n = 0;
+    struct io_uring_cqe *cqe;
+    while (io_uring_peek_cqe(&u->ring, &cqe) == 0) {
+        QkAioReq *req = io_uring_cqe_get_data(cqe);
+        int64_t res = cqe->res;
+        io_uring_cqe_seen(&u->ring, cqe);
+        u->in_flight--;
+        n++;
+        qk_aio_complete(req, res);
+    }
+    return n;
+}
+
+static void uring_wait(void *st, int64_t timeout_ns)
+{
+    Uring *u = st;
+    struct io_uring_cqe *cqe;
+    if (timeout_ns < 0) {
+        io_uring_wait_cqe(&u->ring, &cqe);
+    } else {
+        struct __kernel_timespec ts = {
+            .tv_sec = timeout_ns / 1000000000LL,
+            .tv_nsec = timeout_ns % 1000000000LL,
+        };
+        io_uring_wait_cqe_timeout(&u->ring, &cqe, &ts);
+    }
+}
+
+static void uring_destroy(void *st)
+{
+    Uring *u = st;
+    io_uring_queue_exit(&u->ring);
+    free(u);
+}
+
+void *qk_uring_backend_new(QkAioBackend *ops, int *errno_out)
+{
+    Uring *u = calloc(1, sizeof(*u));
+    if (!u) {
+        *errno_out = ENOMEM;
+        return NULL;
+    }
+    int r = io_uring_queue_init(RING_ENTRIES, &u->ring, 0);
+    if (r < 0) {
+        *errno_out = -r;
+        free(u);
+        return NULL;
+    }
+    ops->name = "io_uring";
+    ops->queue = uring_queue;
+    ops->submit = uring_submit;
+    ops->reap = uring_reap;
+    ops->wait = uring_wait;
+    ops->destroy = uring_destroy;
+    ops->event_fd = u->ring.ring_fd;
+    return u;
+}

@@ -1,0 +1,539 @@
+/*
+ * Node lifetime and request entry. Format probing, opening the protocol
+ * child and the backing chain, closing in the right order, and the qk_co_*
+ * request functions that bound-check, count in-flight requests and
+ * dispatch to drivers.
+ */
+#include "block/block.h"
+#include "aio/loop.h"
+#include "util/checked.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const QkBlockDriver *const drivers[] = {
+    &qk_drv_qcow2,
+    &qk_drv_raw,
+    &qk_drv_file,
+};
+
+const QkBlockDriver *qk_block_find_driver(const char *format)
+{
+    for (size_t i = 0; i < QK_ARRAY_SIZE(drivers); i++) {
+        if (strcmp(drivers[i]->format_name, format) == 0) {
+            return drivers[i];
+        }
+    }
+    return NULL;
+}
+
+int qk_cache_mode_parse(const char *name, int *flags)
+{
+    int f = *flags & ~(QK_OPEN_NOCACHE | QK_OPEN_WRITETHROUGH | QK_OPEN_NO_FLUSH);
+    if (strcmp(name, "none") == 0 || strcmp(name, "off") == 0) {
+        f |= QK_OPEN_NOCACHE;
+    } else if (strcmp(name, "writeback") == 0) {
+    } else if (strcmp(name, "writethrough") == 0) {
+        f |= QK_OPEN_WRITETHROUGH;
+    } else if (strcmp(name, "directsync") == 0) {
+        f |= QK_OPEN_NOCACHE | QK_OPEN_WRITETHROUGH;
+    } else if (strcmp(name, "unsafe") == 0) {
+        f |= QK_OPEN_NO_FLUSH;
+    } else {
+        return -EINVAL;
+    }
+    *flags = f;
+    return 0;
+}
+
+static QkBlock *node_new(const QkBlockDriver *drv, const char *filename, int flags)
+{
+    QkBlock *bs = calloc(1, sizeof(*bs));
+    if (!bs) {
+        return NULL;
+    }
+    bs->drv = drv;
+    bs->opaque = drv->instance_size ? calloc(1, drv->instance_size) : NULL;
+    bs->filename = strdup(filename);
+    bs->open_flags = flags;
+    bs->read_only = !(flags & QK_OPEN_RDWR);
+    bs->request_alignment = 1;
+    bs->mem_alignment = 1;
+    qk_co_queue_init(&bs->drain_waiters);
+    qk_co_mutex_init(&bs->flush_lock);
+    return bs;
+}
+
+static void node_free(QkBlock *bs)
+{
+    free(bs->opaque);
+    free(bs->filename);
+    free(bs->backing_file);
+    free(bs->backing_format);
+    free(bs);
+}
+
+QkBlock *coroutine_fn qk_co_file_open(const char *filename, int flags, QkError *err)
+{
+    QkBlock *bs = node_new(&qk_drv_file, filename, flags);
+    if (!bs) {
+        qk_error_set(err, -ENOMEM, "out of memory");
+        return NULL;
+    }
+    QkOpenOptions o = {.flags = flags};
+    if (qk_drv_file.co_open(bs, &o, err) < 0) {
+        node_free(bs);
+        return NULL;
+    }
+    return bs;
+}
+
+static const QkBlockDriver *probe(QkBlock *file)
+{
+    uint8_t buf[512];
+    uint8_t *b = qk_aligned_zalloc(4096, 4096);
+    if (!b) {
+        return &qk_drv_raw;
+    }
+    int r = qk_co_pread(file, 0, 4096, b, 0);
+    memcpy(buf, b, sizeof(buf));
+    free(b);
+    const QkBlockDriver *best = &qk_drv_raw;
+    int best_score = 1;
+    if (r < 0) {
+        return best;
+    }
+    for (size_t i = 0; i < QK_ARRAY_SIZE(drivers); i++) {
+        if (drivers[i]->probe) {
+            int s = drivers[i]->probe(buf, sizeof(buf));
+            if (s > best_score) {
+                best_score = s;
+                best = drivers[i];
+            }
+        }
+    }
+    return best;
+}
+
+/* Resolves a backing file name relative to the image that names it. */
+static char *backing_path(const char *image, const char *backing)
+{
+    if (backing[0] == '/' || strstr(backing, "://") || strncmp(backing, "nbd:", 4) == 0) {
+        return strdup(backing);
+    }
+    const char *slash = strrchr(image, '/');
+    if (!slash) {
+        return strdup(backing);
+    }
+    size_t dlen = (size_t)(slash - image) + 1;
+    char *p = malloc(dlen + strlen(backing) + 1);
+    if (p) {
+        memcpy(p, image, dlen);
+        strcpy(p + dlen, backing);
+    }
+    return p;
+}
+
+#define MAX_CHAIN 64
+
+static QkBlock *coroutine_fn open_depth(const char *filename, const QkOpenOptions *opts,
+                                        int depth, QkError *err)
+{
+    if (depth > MAX_CHAIN) {
+        qk_error_set(err, -ELOOP, "backing chain of '%s' is too deep (loop?)", filename);
+        return NULL;
+    }
+    const QkBlockDriver *drv = NULL;
+    if (opts->format) {
+        drv = qk_block_find_driver(opts->format);
+        if (!drv) {
+            qk_error_set(err, -EINVAL, "Unknown driver '%s'", opts->format);
+            return NULL;
+        }
+    }
+    if (drv && drv->is_protocol) {
+        return qk_co_file_open(filename, opts->flags, err);
+    }
+    QkBlock *file = qk_co_file_open(filename, opts->flags, err);
+    if (!file) {
+        return NULL;
+    }
+    if (!drv) {
+        drv = probe(file);
+    }
+    QkBlock *bs = node_new(drv, filename, opts->flags);
+    if (!bs) {
+        qk_co_block_close(file);
+        qk_error_set(err, -ENOMEM, "out of memory");
+        return NULL;
+    }
+    bs->file = file;
+    bs->request_alignment = 1;
+    bs->mem_alignment = file->mem_alignment;
+    int r = drv->co_open(bs, opts, err);
+    if (r < 0) {
+        qk_co_block_close(file);
+        node_free(bs);
+        return NULL;
+    }
+    if (bs->backing_file && !(opts->flags & QK_OPEN_NO_BACKING)) {
+        char *path = backing_path(filename, bs->backing_file);
+        QkOpenOptions bo = *opts;
+        /* Backing files are read-only and never written through. */
+        bo.flags &= ~QK_OPEN_RDWR;
+        bo.format = bs->backing_format;
+        QkError berr = {0};
+        bs->backing = path ? open_depth(path, &bo, depth + 1, &berr) : NULL;
+        if (!bs->backing) {
+            qk_error_set(err, berr.code ? berr.code : -ENOMEM,
+                         "Could not open backing file: %s", berr.code ? berr.msg : "out of memory");
+            free(path);
+            qk_co_block_close(bs);
+            return NULL;
+        }
+        free(path);
+    }
+    return bs;
+}
+
+QkBlock *coroutine_fn qk_co_block_open(const char *filename, const QkOpenOptions *opts, QkError *err)
+{
+    QkOpenOptions def = {0};
+    QkBlock *bs = open_depth(filename, opts ? opts : &def, 0, err);
+    return bs;
+}
+
+typedef struct OpenCo {
+    const char *filename;
+    const QkOpenOptions *opts;
+    QkError *err;
+    QkBlock *bs;
+    int ret;
+    const QkCreateOptions *copts;
+} OpenCo;
+
+static void coroutine_fn open_entry(void *opaque)
+{
+    OpenCo *o = opaque;
+    o->bs = qk_co_block_open(o->filename, o->opts, o->err);
+}
+
+QkBlock *qk_block_open(const char *filename, const QkOpenOptions *opts, QkError *err)
+{
+    OpenCo o = {.filename = filename, .opts = opts, .err = err};
+    qk_co_run(open_entry, &o);
+    return o.bs;
+}
+
+void coroutine_fn qk_co_block_close(QkBlock *bs)
+{
+    if (!bs) {
+        return;
+    }
+    qk_co_drain(bs);
+    if (!bs->read_only) {
+        qk_co_flush(bs);
+    }
+    if (bs->drv->co_close) {
+        bs->drv->co_close(bs);
+    }
+    if (bs->backing) {
+        qk_co_block_close(bs->backing);
+    }
+    if (bs->file) {
+        qk_co_block_close(bs->file);
+    }
+    node_free(bs);
+}
+
+static void coroutine_fn close_entry(void *opaque)
+{
+    qk_co_block_close(opaque);
+}
+
+void qk_block_close(QkBlock *bs)
+{
+    if (bs) {
+        qk_co_run(close_entry, bs);
+    }
+}
+
+int coroutine_fn qk_co_block_create(const char *filename, const QkCreateOptions *opts, QkError *err)
+{
+    const char *fmt = opts->format ? opts->format : "raw";
+    const QkBlockDriver *drv = qk_block_find_driver(fmt);
+    if (!drv || !drv->co_create) {
+        return qk_error_set(err, -EINVAL, "Unknown file format '%s'", fmt);
+    }
+    return drv->co_create(filename, opts, err);
+}
+
+static void coroutine_fn create_entry(void *opaque)
+{
+    OpenCo *o = opaque;
+    o->ret = qk_co_block_create(o->filename, o->copts, o->err);
+}
+
+int qk_block_create(const char *filename, const QkCreateOptions *opts, QkError *err)
+{
+    OpenCo o = {.filename = filename, .copts = opts, .err = err};
+    qk_co_run(create_entry, &o);
+    return o.ret;
+}
+
+/* ---- in-flight tracking ---- */
+
+void qk_block_inc_in_flight(QkBlock *bs)
+{
+    bs->in_flight++;
+}
+
+void qk_block_dec_in_flight(QkBlock *bs)
+{
+    if (--bs->in_flight == 0) {
+        qk_co_queue_wake_all(&bs->drain_waiters);
+    }
+}
+
+void coroutine_fn qk_co_drain(QkBlock *bs)
+{
+    while (bs->in_flight > 0) {
+        qk_co_queue_wait(&bs->drain_waiters);
+    }
+    if (bs->file) {
+        qk_co_drain(bs->file);
+    }
+    if (bs->backing) {
+        qk_co_drain(bs->backing);
+    }
+}
+
+/* ---- requests ---- */
+
+int64_t qk_block_length(QkBlock *bs)
+{
+    if (bs->drv->get_length) {
+        return bs->drv->get_length(bs);
+    }
+    return (int64_t)bs->size;
+}
+
+static int check_range(QkBlock *bs, uint64_t off, uint64_t bytes, bool write)
+{
+    if (write && bs->read_only) {
+        return -EACCES;
+    }
+    if (bytes > (1ULL << 62) || off > (1ULL << 62)) {
+        return -EINVAL;
+    }
+    /* Protocol nodes grow on write and read zeros past the end. */
+    if (bs->drv->is_protocol) {
+        return 0;
+    }
+    if (!qk_range_within(off, bytes, bs->size)) {
+        return -EINVAL;
+    }
+    return 0;
+}
+
+int coroutine_fn qk_co_preadv(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov,
+                              size_t qiov_off, int flags)
+{
+    int r = check_range(bs, off, bytes, false);
+    if (r < 0 || bytes == 0) {
+        return r;
+    }
+    bs->in_flight++;
+    r = bs->drv->co_preadv(bs, off, bytes, qiov, qiov_off, flags);
+    qk_block_dec_in_flight(bs);
+    return r;
+}
+
+int coroutine_fn qk_co_pwritev(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov,
+                               size_t qiov_off, int flags)
+{
+    int r = check_range(bs, off, bytes, true);
+    if (r < 0 || bytes == 0) {
+        return r;
+    }
+    bs->in_flight++;
+    r = bs->drv->co_pwritev(bs, off, bytes, qiov, qiov_off, flags);
+    if (r == 0 && (bs->open_flags & QK_OPEN_WRITETHROUGH) && !bs->drv->is_protocol) {
+        r = qk_co_flush(bs);
+    }
+    qk_block_dec_in_flight(bs);
+    return r;
+}
+
+int coroutine_fn qk_co_pread(QkBlock *bs, uint64_t off, uint64_t bytes, void *buf, int flags)
+{
+    QkIov q;
+    qk_iov_init_buf(&q, buf, bytes);
+    return qk_co_preadv(bs, off, bytes, &q, 0, flags);
+}
+
+int coroutine_fn qk_co_pwrite(QkBlock *bs, uint64_t off, uint64_t bytes, const void *buf, int flags)
+{
+    QkIov q;
+    qk_iov_init_buf(&q, (void *)buf, bytes);
+    return qk_co_pwritev(bs, off, bytes, &q, 0, flags);
+}
+
+int coroutine_fn qk_co_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t bytes, int flags)
+{
+    int r = check_range(bs, off, bytes, true);
+    if (r < 0 || bytes == 0) {
+        return r;
+    }
+    bs->in_flight++;
+    if (bs->drv->co_pwrite_zeroes) {
+        r = bs->drv->co_pwrite_zeroes(bs, off, bytes, flags);
+    } else {
+        r = -ENOTSUP;
+    }
+    if (r == -ENOTSUP && !(flags & QK_REQ_NO_FALLBACK)) {
+        /* Fallback: write a zeroed buffer in chunks. */
+        size_t chunk = (size_t)QK_MIN(bytes, (uint64_t)1 << 20);
+        void *z = qk_aligned_zalloc(4096, chunk);
+        r = z ? 0 : -ENOMEM;
+        for (uint64_t done = 0; r == 0 && done < bytes; done += chunk) {
+            uint64_t n = QK_MIN((uint64_t)chunk, bytes - done);
+            QkIov q;
+            qk_iov_init_buf(&q, z, n);
+            r = bs->drv->co_pwritev(bs, off + done, n, &q, 0, flags & QK_REQ_FUA);
+        }
+        free(z);
+    }
+    qk_block_dec_in_flight(bs);
+    return r;
+}
+
+int coroutine_fn qk_co_pdiscard(QkBlock *bs, uint64_t off, uint64_t bytes)
+{
+    int r = check_range(bs, off, bytes, true);
+    if (r < 0 || bytes == 0) {
+        return r;
+    }
+    if (!bs->drv->co_pdiscard) {
+        return 0; /* discard is advisory */
+    }
+    bs->in_flight++;
+    r = bs->drv->co_pdiscard(bs, off, bytes);
+    qk_block_dec_in_flight(bs);
+    return r == -ENOTSUP ? 0 : r;
+}
+
+int coroutine_fn qk_co_flush(QkBlock *bs)
+{
+    int r = 0;
+    if (bs->read_only) {
+        return 0;
+    }
+    bs->in_flight++;
+    if (bs->drv->co_flush) {
+        r = bs->drv->co_flush(bs);
+    }
+    if (r == 0 && bs->file) {
+        r = qk_co_flush(bs->file);
+    }
+    qk_block_dec_in_flight(bs);
+    return r;
+}
+
+int coroutine_fn qk_co_block_status(QkBlock *bs, uint64_t off, uint64_t bytes, uint64_t *pnum,
+                                    uint64_t *map, QkBlock **file)
+{
+    uint64_t dummy_map;
+    QkBlock *dummy_file;
+    map = map ? map : &dummy_map;
+    file = file ? file : &dummy_file;
+    *map = 0;
+    *file = NULL;
+    int64_t len = qk_block_length(bs);
+    if (len < 0) {
+        return (int)len;
+    }
+    if (off >= (uint64_t)len) {
+        *pnum = 0;
+        return QK_BS_EOF;
+    }
+    bytes = QK_MIN(bytes, (uint64_t)len - off);
+    if (bytes == 0) {
+        *pnum = 0;
+        return 0;
+    }
+    if (!bs->drv->co_block_status) {
+        *pnum = bytes;
+        return QK_BS_DATA | QK_BS_ALLOCATED;
+    }
+    bs->in_flight++;
+    int r = bs->drv->co_block_status(bs, off, bytes, pnum, map, file);
+    qk_block_dec_in_flight(bs);
+    if (r >= 0 && *pnum > bytes) {
+        *pnum = bytes;
+    }
+    return r;
+}
+
+int coroutine_fn qk_co_block_status_above(QkBlock *bs, uint64_t off, uint64_t bytes,
+                                          uint64_t *pnum, int *depth)
+{
+    int d = 0;
+    uint64_t want = bytes;
+    for (QkBlock *b = bs; b; b = b->backing, d++) {
+        uint64_t n;
+        int r = qk_co_block_status(b, off, want, &n, NULL, NULL);
+        if (r < 0) {
+            return r;
+        }
+        if (r & QK_BS_EOF || n == 0) {
+            /* Past the end of a shorter backing file: reads as zeros. */
+            *pnum = want;
+            if (depth) {
+                *depth = d;
+            }
+            return QK_BS_ZERO;
+        }
+        if (r & QK_BS_ALLOCATED || !b->backing) {
+            *pnum = n;
+            if (depth) {
+                *depth = d;
+            }
+            return r;
+        }
+        /* Unallocated here: look below, but only as far as this layer is. */
+        want = n;
+    }
+    *pnum = want;
+    return QK_BS_ZERO;
+}
+
+int coroutine_fn qk_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc prealloc, QkError *err)
+{
+    if (bs->read_only) {
+        return qk_error_set(err, -EACCES, "image is read-only");
+    }
+    if (!bs->drv->co_truncate) {
+        return qk_error_set(err, -ENOTSUP, "format '%s' does not support resize", bs->drv->format_name);
+    }
+    qk_co_drain(bs);
+    return bs->drv->co_truncate(bs, size, prealloc, err);
+}
+
+void qk_block_get_info(QkBlock *bs, QkImageInfo *info)
+{
+    memset(info, 0, sizeof(*info));
+    info->format = bs->drv->format_name;
+    info->virtual_size = (uint64_t)qk_block_length(bs);
+    QkBlock *f = bs->file ? bs->file : bs;
+    info->actual_size = f->drv->get_allocated_size ? f->drv->get_allocated_size(f) : -1;
+    info->backing_file = bs->backing_file;
+    info->backing_format = bs->backing_format;
+    if (bs->drv->get_info) {
+        bs->drv->get_info(bs, info);
+    }
+}

@@ -1,0 +1,201 @@
+/*
+ * The block layer: a graph of nodes (a format node over a protocol "file"
+ * child, optionally with a backing node) and the request entry points every
+ * caller uses. Entry points check ranges, count requests in flight (so
+ * drain and close can wait for them) and then call the node's driver.
+ *
+ * Owns: node lifetime, driver registry, request entry, in-flight tracking.
+ * Must not know any format's internals.
+ */
+#ifndef QK_BLOCK_BLOCK_H
+#define QK_BLOCK_BLOCK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "aio/co_sync.h"
+#include "aio/coroutine.h"
+#include "util/error.h"
+#include "util/iov.h"
+
+typedef struct QkBlock QkBlock;
+typedef struct QkBlockDriver QkBlockDriver;
+
+/* Open flags. */
+enum {
+    QK_OPEN_RDWR = 1 << 0,
+    QK_OPEN_NOCACHE = 1 << 1,      /* O_DIRECT on the host file */
+    QK_OPEN_WRITETHROUGH = 1 << 2, /* every write is followed by a flush */
+    QK_OPEN_NO_FLUSH = 1 << 3,     /* "unsafe": flushes are ignored */
+    QK_OPEN_NO_BACKING = 1 << 4,   /* do not open the backing chain */
+    QK_OPEN_FORCE_SHARE = 1 << 5,
+    QK_OPEN_CHECK = 1 << 6,        /* opened by check: tolerate some corruption */
+};
+
+/* Request flags. */
+enum {
+    QK_REQ_FUA = 1 << 0,           /* data is stable when the request completes */
+    QK_REQ_MAY_UNMAP = 1 << 1,     /* zero write may deallocate */
+    QK_REQ_NO_FALLBACK = 1 << 2,   /* zero write: fail with -ENOTSUP rather than write zeros */
+};
+
+/* Block status flags (a superset of what NBD base:allocation needs). */
+enum {
+    QK_BS_DATA = 1 << 0,           /* reads return data (not known zero) */
+    QK_BS_ZERO = 1 << 1,           /* reads return zeros */
+    QK_BS_OFFSET_VALID = 1 << 2,   /* *map is the host offset in *file */
+    QK_BS_ALLOCATED = 1 << 3,      /* this layer has content here (not the backing) */
+    QK_BS_EOF = 1 << 4,
+};
+
+/* Preallocation modes for create/truncate. */
+typedef enum QkPrealloc {
+    QK_PREALLOC_OFF = 0,
+    QK_PREALLOC_METADATA,
+    QK_PREALLOC_FALLOC,
+    QK_PREALLOC_FULL,
+} QkPrealloc;
+
+/* Cache modes as qemu-img names them. */
+typedef enum QkCacheMode {
+    QK_CACHE_WRITEBACK = 0,
+    QK_CACHE_NONE,
+    QK_CACHE_WRITETHROUGH,
+    QK_CACHE_DIRECTSYNC,
+    QK_CACHE_UNSAFE,
+} QkCacheMode;
+
+/* Parses "none", "writeback", ... into open flags; -EINVAL if unknown. */
+int qk_cache_mode_parse(const char *name, int *flags);
+
+typedef struct QkOpenOptions {
+    int flags;
+    const char *format;          /* NULL: probe */
+    uint64_t cache_size;         /* metadata cache in bytes; 0: driver default */
+    bool strict_alloc_deps;      /* qcow2: every write to a cluster being allocated waits */
+} QkOpenOptions;
+
+typedef struct QkCreateOptions {
+    const char *format;
+    uint64_t size;
+    bool size_set;
+    uint32_t cluster_size;       /* 0: default 64 KiB */
+    uint32_t refcount_bits;      /* 0: default 16 */
+    int compat;                  /* 2 (0.10) or 3 (1.1); 0: default 3 */
+    bool lazy_refcounts;
+    bool extended_l2;
+    QkPrealloc prealloc;
+    const char *backing_file;
+    const char *backing_fmt;
+    int compression_type;        /* 0 zlib, 1 zstd */
+} QkCreateOptions;
+
+/* Everything `info` shows. Drivers fill what they know. */
+typedef struct QkImageInfo {
+    const char *format;
+    uint64_t virtual_size;
+    int64_t actual_size;         /* bytes allocated on the host; -1 unknown */
+    uint32_t cluster_size;       /* 0 when not applicable */
+    const char *backing_file;
+    const char *backing_format;
+    int qcow2_version;           /* 2 or 3; 0 for other formats */
+    uint32_t refcount_bits;
+    bool lazy_refcounts;
+    bool corrupt;
+    bool extended_l2;
+    bool dirty;
+    const char *compression_type;
+    int nb_snapshots;
+} QkImageInfo;
+
+struct QkBlockDriver {
+    const char *format_name;
+    size_t instance_size;
+    bool is_protocol;            /* opens a host resource by name */
+    /* Returns a score (0 no, 100 certain) for the first bytes of a file. */
+    int (*probe)(const uint8_t *buf, size_t len);
+
+    int coroutine_fn (*co_open)(QkBlock *bs, const QkOpenOptions *opts, QkError *err);
+    void coroutine_fn (*co_close)(QkBlock *bs);
+    int coroutine_fn (*co_create)(const char *filename, const QkCreateOptions *opts, QkError *err);
+
+    int coroutine_fn (*co_preadv)(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov,
+                                  size_t qiov_off, int flags);
+    int coroutine_fn (*co_pwritev)(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov,
+                                   size_t qiov_off, int flags);
+    int coroutine_fn (*co_pwrite_zeroes)(QkBlock *bs, uint64_t off, uint64_t bytes, int flags);
+    int coroutine_fn (*co_pdiscard)(QkBlock *bs, uint64_t off, uint64_t bytes);
+    int coroutine_fn (*co_flush)(QkBlock *bs);      /* driver's own metadata; children are flushed by the layer */
+    /* Status of [off, off+bytes): returns QK_BS_* flags for the first *pnum bytes (>0). */
+    int coroutine_fn (*co_block_status)(QkBlock *bs, uint64_t off, uint64_t bytes, uint64_t *pnum,
+                                        uint64_t *map, QkBlock **file);
+    int coroutine_fn (*co_truncate)(QkBlock *bs, uint64_t size, QkPrealloc prealloc, QkError *err);
+    int64_t (*get_length)(QkBlock *bs);
+    int64_t (*get_allocated_size)(QkBlock *bs);
+    void (*get_info)(QkBlock *bs, QkImageInfo *info);
+};
+
+struct QkBlock {
+    const QkBlockDriver *drv;
+    void *opaque;                 /* driver state, instance_size bytes */
+    char *filename;
+    int open_flags;
+    bool read_only;
+    uint64_t size;                /* virtual size for format nodes */
+    QkBlock *file;                /* protocol child; NULL for protocol nodes */
+    QkBlock *backing;             /* NULL when none */
+    char *backing_file;           /* as recorded in the image */
+    char *backing_format;
+    uint32_t request_alignment;   /* smallest unit the node serves without RMW */
+    uint32_t mem_alignment;       /* buffer alignment for direct I/O */
+    unsigned in_flight;
+    QkCoQueue drain_waiters;
+    QkCoMutex flush_lock;
+};
+
+/* Driver registry. */
+const QkBlockDriver *qk_block_find_driver(const char *format);
+extern const QkBlockDriver qk_drv_file;
+extern const QkBlockDriver qk_drv_raw;
+extern const QkBlockDriver qk_drv_qcow2;
+
+/* Opening and closing. qk_co_* variants run in a coroutine; the plain
+ * variants run the loop until done and may be called from plain code. */
+QkBlock *coroutine_fn qk_co_block_open(const char *filename, const QkOpenOptions *opts, QkError *err);
+QkBlock *qk_block_open(const char *filename, const QkOpenOptions *opts, QkError *err);
+/* Opens a protocol node (host file) directly. */
+QkBlock *coroutine_fn qk_co_file_open(const char *filename, int flags, QkError *err);
+void coroutine_fn qk_co_block_close(QkBlock *bs);
+void qk_block_close(QkBlock *bs);
+int coroutine_fn qk_co_block_create(const char *filename, const QkCreateOptions *opts, QkError *err);
+int qk_block_create(const char *filename, const QkCreateOptions *opts, QkError *err);
+
+/* Requests. Return 0 or -errno. qiov_off is where in qiov the bytes start. */
+int coroutine_fn qk_co_preadv(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov,
+                              size_t qiov_off, int flags);
+int coroutine_fn qk_co_pwritev(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov,
+                               size_t qiov_off, int flags);
+int coroutine_fn qk_co_pread(QkBlock *bs, uint64_t off, uint64_t bytes, void *buf, int flags);
+int coroutine_fn qk_co_pwrite(QkBlock *bs, uint64_t off, uint64_t bytes, const void *buf, int flags);
+int coroutine_fn qk_co_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t bytes, int flags);
+int coroutine_fn qk_co_pdiscard(QkBlock *bs, uint64_t off, uint64_t bytes);
+int coroutine_fn qk_co_flush(QkBlock *bs);
+int coroutine_fn qk_co_block_status(QkBlock *bs, uint64_t off, uint64_t bytes, uint64_t *pnum,
+                                    uint64_t *map, QkBlock **file);
+/* Status across the backing chain: ALLOCATED means some layer has it. */
+int coroutine_fn qk_co_block_status_above(QkBlock *bs, uint64_t off, uint64_t bytes,
+                                          uint64_t *pnum, int *depth);
+int coroutine_fn qk_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc prealloc, QkError *err);
+int64_t qk_block_length(QkBlock *bs);
+
+/* In-flight accounting for work that is not a request (e.g. VM-state
+ * writes) but must hold off drain and close. */
+void qk_block_inc_in_flight(QkBlock *bs);
+void qk_block_dec_in_flight(QkBlock *bs);
+/* Waits until no request is in flight on bs (and its children). */
+void coroutine_fn qk_co_drain(QkBlock *bs);
+
+void qk_block_get_info(QkBlock *bs, QkImageInfo *info);
+
+#endif

@@ -1,0 +1,458 @@
+/*
+ * The "file" protocol driver: a host file or block device.
+ *
+ * With O_DIRECT (cache=none) the device's alignment is detected once and
+ * unaligned requests go through aligned bounce buffers. An unaligned write
+ * is a read-modify-write of whole blocks, so it is serialised against every
+ * in-flight write that touches the same blocks (and they against it): two
+ * RMWs of one block must not interleave or one would undo the other.
+ *
+ * Owns: host fd, alignment, bounce buffers, RMW serialisation.
+ */
+#include "block/block.h"
+#include "aio/aio.h"
+#include "util/checked.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <linux/fs.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct Tracked {
+    uint64_t start, end;     /* aligned byte range */
+    bool rmw;
+    QkCoQueue waiters;
+    struct Tracked *next;
+} Tracked;
+
+typedef struct FileState {
+    int fd;
+    bool direct;
+    bool no_flush;
+    bool is_block_dev;
+    Tracked *writes;         /* in-flight writes, only tracked under O_DIRECT */
+} FileState;
+
+static void detect_alignment(QkBlock *bs, FileState *s)
+{
+    uint32_t off_align = 0, mem_align = 0;
+#ifdef STATX_DIOALIGN
+    struct statx stx;
+    if (statx(s->fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) == 0 &&
+        (stx.stx_mask & STATX_DIOALIGN) && stx.stx_dio_offset_align) {
+        off_align = stx.stx_dio_offset_align;
+        mem_align = stx.stx_dio_mem_align;
+    }
+#endif
+    if (!off_align && s->is_block_dev) {
+        int ss;
+        if (ioctl(s->fd, BLKSSZGET, &ss) == 0 && ss > 0) {
+            off_align = (uint32_t)ss;
+        }
+    }
+    if (!off_align || !qk_is_pow2(off_align)) {
+        off_align = 4096; /* safe for every device we know */
+    }
+    if (!mem_align || !qk_is_pow2(mem_align)) {
+        mem_align = 4096;
+    }
+    bs->request_alignment = off_align;
+    bs->mem_alignment = mem_align < off_align ? off_align : mem_align;
+}
+
+static int coroutine_fn file_open(QkBlock *bs, const QkOpenOptions *opts, QkError *err)
+{
+    FileState *s = bs->opaque;
+    int oflags = O_CLOEXEC | ((opts->flags & QK_OPEN_RDWR) ? O_RDWR : O_RDONLY);
+    if (opts->flags & QK_OPEN_NOCACHE) {
+        oflags |= O_DIRECT;
+    }
+    s->fd = open(bs->filename, oflags);
+    if (s->fd < 0) {
+        return qk_error_set_errno(err, -errno, "Could not open '%s'", bs->filename);
+    }
+    struct stat st;
+    if (fstat(s->fd, &st) == 0 && S_ISBLK(st.st_mode)) {
+        s->is_block_dev = true;
+    } else if (fstat(s->fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+        close(s->fd);
+        return qk_error_set(err, -EISDIR, "Could not open '%s': Is a directory", bs->filename);
+    }
+    s->direct = (opts->flags & QK_OPEN_NOCACHE) != 0;
+    s->no_flush = (opts->flags & QK_OPEN_NO_FLUSH) != 0;
+    if (s->direct) {
+        detect_alignment(bs, s);
+    }
+    return 0;
+}
+
+static void coroutine_fn file_close(QkBlock *bs)
+{
+    FileState *s = bs->opaque;
+    if (s->fd >= 0) {
+        close(s->fd);
+        s->fd = -1;
+    }
+}
+
+/* Reads exactly [off, off+q->size) from the host, zero-filling past EOF. */
+static int coroutine_fn host_read_full(FileState *s, uint64_t off, QkIov *q)
+{
+    size_t done = 0;
+    while (done < q->size) {
+        ssize_t n;
+        if (done == 0) {
+            n = qk_co_host_preadv(s->fd, q->iov, q->niov, off);
+        } else {
+            QkIov rest;
+            qk_iov_init(&rest, q->niov);
+            qk_iov_concat(&rest, q, done, q->size - done);
+            n = qk_co_host_preadv(s->fd, rest.iov, rest.niov, off + done);
+            qk_iov_destroy(&rest);
+        }
+        if (n == -EINTR || n == -EAGAIN) {
+            continue;
+        }
+        if (n < 0) {
+            return (int)n;
+        }
+        if (n == 0) {
+            qk_iov_memset(q, done, 0, q->size - done);
+            return 0;
+        }
+        done += (size_t)n;
+    }
+    return 0;
+}
+
+static int coroutine_fn host_write_full(FileState *s, uint64_t off, QkIov *q)
+{
+    size_t done = 0;
+    while (done < q->size) {
+        ssize_t n;
+        if (done == 0) {
+            n = qk_co_host_pwritev(s->fd, q->iov, q->niov, off);
+        } else {
+            QkIov rest;
+            qk_iov_init(&rest, q->niov);
+            qk_iov_concat(&rest, q, done, q->size - done);
+            n = qk_co_host_pwritev(s->fd, rest.iov, rest.niov, off + done);
+            qk_iov_destroy(&rest);
+        }
+        if (n == -EINTR || n == -EAGAIN) {
+            continue;
+        }
+        if (n < 0) {
+            return (int)n;
+        }
+        if (n == 0) {
+            return -EIO;
+        }
+        done += (size_t)n;
+    }
+    return 0;
+}
+
+static bool needs_bounce(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *q)
+{
+    uint64_t a = bs->request_alignment;
+    if (a <= 1) {
+        return false;
+    }
+    return !qk_is_aligned(off, a) || !qk_is_aligned(bytes, a) || !qk_iov_is_aligned(q, bs->mem_alignment);
+}
+
+static int coroutine_fn file_preadv(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov,
+                                    size_t qiov_off, int flags)
+{
+    (void)flags;
+    FileState *s = bs->opaque;
+    QkIov sub;
+    qk_iov_init(&sub, qiov->niov);
+    qk_iov_concat(&sub, qiov, qiov_off, bytes);
+    int r;
+    if (!needs_bounce(bs, off, bytes, &sub)) {
+        r = host_read_full(s, off, &sub);
+    } else {
+        uint64_t a = bs->request_alignment;
+        uint64_t start = qk_align_down(off, a);
+        uint64_t end = qk_align_up(off + bytes, a);
+        void *buf = qk_aligned_alloc(bs->mem_alignment, end - start);
+        if (!buf) {
+            qk_iov_destroy(&sub);
+            return -ENOMEM;
+        }
+        QkIov bq;
+        qk_iov_init_buf(&bq, buf, end - start);
+        r = host_read_full(s, start, &bq);
+        if (r == 0) {
+            qk_iov_from_buf(&sub, 0, (char *)buf + (off - start), bytes);
+        }
+        free(buf);
+    }
+    qk_iov_destroy(&sub);
+    return r;
+}
+
+static bool conflicts(const Tracked *a, const Tracked *b)
+{
+    return (a->rmw || b->rmw) && a->start < b->end && b->start < a->end;
+}
+
+static void coroutine_fn track_begin(FileState *s, Tracked *t)
+{
+    qk_co_queue_init(&t->waiters);
+retry:
+    for (Tracked *o = s->writes; o; o = o->next) {
+        if (conflicts(o, t)) {
+            qk_co_queue_wait(&o->waiters);
+            goto retry;
+        }
+    }
+    t->next = s->writes;
+    s->writes = t;
+}
+
+static void track_end(FileState *s, Tracked *t)
+{
+    for (Tracked **pp = &s->writes; *pp; pp = &(*pp)->next) {
+        if (*pp == t) {
+            *pp = t->next;
+            break;
+        }
+    }
+    qk_co_queue_wake_all(&t->waiters);
+}
+
+static int coroutine_fn file_pwritev(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov,
+                                     size_t qiov_off, int flags)
+{
+    FileState *s = bs->opaque;
+    QkIov sub;
+    qk_iov_init(&sub, qiov->niov);
+    qk_iov_concat(&sub, qiov, qiov_off, bytes);
+    int r;
+    if (!s->direct) {
+        r = host_write_full(s, off, &sub);
+    } else {
+        uint64_t a = bs->request_alignment;
+        Tracked t = {
+            .start = qk_align_down(off, a),
+            .end = qk_align_up(off + bytes, a),
+            .rmw = !qk_is_aligned(off, a) || !qk_is_aligned(bytes, a),
+        };
+        track_begin(s, &t);
+        if (!needs_bounce(bs, off, bytes, &sub)) {
+            r = host_write_full(s, off, &sub);
+        } else {
+            size_t len = t.end - t.start;
+            char *buf = qk_aligned_alloc(bs->mem_alignment, len);
+            r = buf ? 0 : -ENOMEM;
+            /* Read the partial head and tail blocks (one read if they are one block). */
+            if (r == 0 && off != t.start) {
+                QkIov hq;
+                qk_iov_init_buf(&hq, buf, a);
+                r = host_read_full(s, t.start, &hq);
+            }
+            if (r == 0 && off + bytes != t.end && (t.end - a > t.start || off == t.start)) {
+                QkIov tq;
+                qk_iov_init_buf(&tq, buf + len - a, a);
+                r = host_read_full(s, t.end - a, &tq);
+            }
+            if (r == 0) {
+                qk_iov_to_buf(&sub, 0, buf + (off - t.start), bytes);
+                QkIov bq;
+                qk_iov_init_buf(&bq, buf, len);
+                r = host_write_full(s, t.start, &bq);
+            }
+            free(buf);
+        }
+        track_end(s, &t);
+    }
+    qk_iov_destroy(&sub);
+    if (r == 0 && (flags & QK_REQ_FUA) && !s->no_flush) {
+        r = qk_co_host_fdatasync(s->fd);
+    }
+    return r;
+}
+
+static int coroutine_fn file_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t bytes, int flags)
+{
+    FileState *s = bs->opaque;
+    if (s->is_block_dev) {
+        return -ENOTSUP;
+    }
+    if (s->direct) {
+        uint64_t a = bs->request_alignment;
+        if (!qk_is_aligned(off, a) || !qk_is_aligned(bytes, a)) {
+            return -ENOTSUP; /* the generic path does RMW correctly */
+        }
+    }
+    int r;
+    struct stat st;
+    bool past_eof = fstat(s->fd, &st) == 0 && off + bytes > (uint64_t)st.st_size;
+    if ((flags & QK_REQ_MAY_UNMAP) && !past_eof) {
+        r = qk_co_host_fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, bytes);
+        if (r == 0) {
+            goto out;
+        }
+    }
+    r = qk_co_host_fallocate(s->fd, FALLOC_FL_ZERO_RANGE, off, bytes);
+    if (r == -EOPNOTSUPP || r == -ENOSYS || r == -EINVAL) {
+        r = -ENOTSUP;
+    }
+out:
+    if (r == 0 && (flags & QK_REQ_FUA) && !s->no_flush) {
+        r = qk_co_host_fdatasync(s->fd);
+    }
+    return r;
+}
+
+static int coroutine_fn file_pdiscard(QkBlock *bs, uint64_t off, uint64_t bytes)
+{
+    FileState *s = bs->opaque;
+    if (s->is_block_dev) {
+        return 0;
+    }
+    int r = qk_co_host_fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, bytes);
+    return r == -EOPNOTSUPP ? 0 : r;
+}
+
+static int coroutine_fn file_flush(QkBlock *bs)
+{
+    FileState *s = bs->opaque;
+    if (s->no_flush) {
+        return 0;
+    }
+    return qk_co_host_fdatasync(s->fd);
+}
+
+static int64_t file_get_length(QkBlock *bs)
+{
+    FileState *s = bs->opaque;
+    struct stat st;
+    if (fstat(s->fd, &st) < 0) {
+        return -errno;
+    }
+    if (S_ISBLK(st.st_mode)) {
+        uint64_t sz;
+        if (ioctl(s->fd, BLKGETSIZE64, &sz) == 0) {
+            return (int64_t)sz;
+        }
+    }
+    return st.st_size;
+}
+
+static int64_t file_allocated(QkBlock *bs)
+{
+    FileState *s = bs->opaque;
+    struct stat st;
+    if (fstat(s->fd, &st) < 0) {
+        return -errno;
+    }
+    return (int64_t)st.st_blocks * 512;
+}
+
+static int coroutine_fn file_block_status(QkBlock *bs, uint64_t off, uint64_t bytes, uint64_t *pnum,
+                                          uint64_t *map, QkBlock **file)
+{
+    FileState *s = bs->opaque;
+    *map = off;
+    *file = bs;
+    off_t data = lseek(s->fd, (off_t)off, SEEK_DATA);
+    if (data < 0) {
+        if (errno == ENXIO) {
+            /* No data after off: the rest is a hole. */
+            *pnum = bytes;
+            return QK_BS_ZERO | QK_BS_OFFSET_VALID;
+        }
+        *pnum = bytes;
+        return QK_BS_DATA | QK_BS_ALLOCATED | QK_BS_OFFSET_VALID;
+    }
+    if ((uint64_t)data > off) {
+        *pnum = QK_MIN(bytes, (uint64_t)data - off);
+        return QK_BS_ZERO | QK_BS_OFFSET_VALID;
+    }
+    off_t hole = lseek(s->fd, (off_t)off, SEEK_HOLE);
+    if (hole < 0 || (uint64_t)hole <= off) {
+        *pnum = bytes;
+    } else {
+        *pnum = QK_MIN(bytes, (uint64_t)hole - off);
+    }
+    return QK_BS_DATA | QK_BS_ALLOCATED | QK_BS_OFFSET_VALID;
+}
+
+static int coroutine_fn file_truncate(QkBlock *bs, uint64_t size, QkPrealloc prealloc, QkError *err)
+{
+    FileState *s = bs->opaque;
+    int64_t old = file_get_length(bs);
+    int r = qk_co_host_ftruncate(s->fd, size);
+    if (r < 0) {
+        return qk_error_set_errno(err, r, "Could not resize file");
+    }
+    if (old >= 0 && size > (uint64_t)old && prealloc != QK_PREALLOC_OFF && prealloc != QK_PREALLOC_METADATA) {
+        r = qk_co_host_fallocate(s->fd, 0, (uint64_t)old, size - (uint64_t)old);
+        if (r < 0 && prealloc == QK_PREALLOC_FALLOC) {
+            return qk_error_set_errno(err, r, "Could not preallocate");
+        }
+        if (prealloc == QK_PREALLOC_FULL) {
+            /* Write real zeros so the blocks are not just reserved. */
+            size_t chunk = 1 << 20;
+            char *z = qk_aligned_zalloc(bs->mem_alignment > 4096 ? bs->mem_alignment : 4096, chunk);
+            if (!z) {
+                return qk_error_set(err, -ENOMEM, "out of memory");
+            }
+            for (uint64_t p = (uint64_t)old; p < size && r >= 0;) {
+                uint64_t n = QK_MIN((uint64_t)chunk, size - p);
+                QkIov q;
+                qk_iov_init_buf(&q, z, n);
+                r = file_pwritev(bs, p, n, &q, 0, 0);
+                p += n;
+            }
+            free(z);
+            if (r < 0) {
+                return qk_error_set_errno(err, r, "Could not preallocate");
+            }
+        }
+    }
+    return 0;
+}
+
+static int coroutine_fn file_create(const char *filename, const QkCreateOptions *opts, QkError *err)
+{
+    int fd = open(filename, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        return qk_error_set_errno(err, -errno, "Could not create '%s'", filename);
+    }
+    close(fd);
+    QkBlock *bs = qk_co_file_open(filename, QK_OPEN_RDWR, err);
+    if (!bs) {
+        return err->code;
+    }
+    int r = file_truncate(bs, opts->size, opts->prealloc, err);
+    qk_co_block_close(bs);
+    return r;
+}
+
+const QkBlockDriver qk_drv_file = {
+    .format_name = "file",
+    .instance_size = sizeof(FileState),
+    .is_protocol = true,
+    .co_open = file_open,
+    .co_close = file_close,
+    .co_create = file_create,
+    .co_preadv = file_preadv,
+    .co_pwritev = file_pwritev,
+    .co_pwrite_zeroes = file_pwrite_zeroes,
+    .co_pdiscard = file_pdiscard,
+    .co_flush = file_flush,
+    .co_block_status = file_block_status,
+    .co_truncate = file_truncate,
+    .get_length = file_get_length,
+    .get_allocated_size = file_allocated,
+};

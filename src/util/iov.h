@@ -1,0 +1,42 @@
+/*
+ * Scatter/gather vectors (QkIov): a growable array of iovecs plus its total
+ * size. Drivers pass a QkIov and a byte offset into it instead of copying.
+ */
+#ifndef QK_UTIL_IOV_H
+#define QK_UTIL_IOV_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+typedef struct QkIov {
+    struct iovec *iov;
+    int niov;
+    int nalloc;
+    size_t size;
+    struct iovec local[1]; /* storage for the one-buffer case */
+} QkIov;
+
+void qk_iov_init(QkIov *q, int hint);
+/* A QkIov over one buffer, with no allocation. */
+void qk_iov_init_buf(QkIov *q, void *buf, size_t len);
+void qk_iov_add(QkIov *q, void *base, size_t len);
+/* Appends the bytes [off, off+len) of src (views, not copies). */
+void qk_iov_concat(QkIov *q, const QkIov *src, size_t off, size_t len);
+void qk_iov_reset(QkIov *q);
+void qk_iov_destroy(QkIov *q);
+
+size_t qk_iov_to_buf(const QkIov *q, size_t off, void *buf, size_t len);
+size_t qk_iov_from_buf(const QkIov *q, size_t off, const void *buf, size_t len);
+size_t qk_iov_memset(const QkIov *q, size_t off, int c, size_t len);
+/* True when bytes [off, off+len) are all zero. */
+int qk_iov_is_zero(const QkIov *q, size_t off, size_t len);
+/* True when every base and length is a multiple of align. */
+int qk_iov_is_aligned(const QkIov *q, size_t align);
+
+/* Buffer helpers. */
+int qk_buf_is_zero(const void *buf, size_t len);
+void *qk_aligned_alloc(size_t align, size_t size); /* abort()s never; NULL on failure */
+void *qk_aligned_zalloc(size_t align, size_t size);
+
+#endif
