@@ -6,6 +6,7 @@
  */
 #include "block/block.h"
 #include "aio/loop.h"
+#include "block/dirty_bitmap.h"
 #include "util/checked.h"
 
 #include <errno.h>
@@ -247,6 +248,7 @@ void coroutine_fn qk_co_block_close(QkBlock *bs)
     if (bs->file) {
         qk_co_block_close(bs->file);
     }
+    qk_dirty_bitmap_remove_all(bs);
     node_free(bs);
 }
 
@@ -362,6 +364,8 @@ int coroutine_fn qk_co_pwritev(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov 
     }
     bs->in_flight++;
     r = bs->drv->co_pwritev(bs, off, bytes, qiov, qiov_off, flags);
+    /* Mark even on failure: part of the range may have changed. */
+    qk_dirty_bitmaps_mark_all(bs, off, bytes);
     if (r == 0 && (bs->open_flags & QK_OPEN_WRITETHROUGH) && !bs->drv->is_protocol) {
         r = qk_co_flush(bs);
     }
@@ -408,6 +412,7 @@ int coroutine_fn qk_co_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t bytes, 
         }
         free(z);
     }
+    qk_dirty_bitmaps_mark_all(bs, off, bytes);
     qk_block_dec_in_flight(bs);
     return r;
 }
@@ -423,6 +428,7 @@ int coroutine_fn qk_co_pdiscard(QkBlock *bs, uint64_t off, uint64_t bytes)
     }
     bs->in_flight++;
     r = bs->drv->co_pdiscard(bs, off, bytes);
+    qk_dirty_bitmaps_mark_all(bs, off, bytes);
     qk_block_dec_in_flight(bs);
     return r == -ENOTSUP ? 0 : r;
 }

@@ -152,6 +152,7 @@ struct QkBlock {
     unsigned in_flight;
     QkCoQueue drain_waiters;
     QkCoMutex flush_lock;
+    struct QkDirtyBitmap *dirty_bitmaps; /* marked by every completed modification */
 };
 
 /* Driver registry. */

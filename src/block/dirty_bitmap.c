@@ -1,0 +1,158 @@
+/*
+ * Dirty bitmaps on block nodes: a list per node, each a QkHBitmap with one
+ * bit per `granularity` bytes.
+ */
+#include "block/dirty_bitmap.h"
+#include "block/block.h"
+#include "util/checked.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+QkDirtyBitmap *qk_dirty_bitmap_add(QkBlock *bs, const char *name, uint64_t granularity, QkError *err)
+{
+    if (granularity < 512 || !qk_is_pow2(granularity) || granularity > (1ULL << 31)) {
+        qk_error_set(err, -EINVAL, "Granularity must be a power of two between 512 and 2 GiB");
+        return NULL;
+    }
+    if (name && qk_dirty_bitmap_find(bs, name)) {
+        qk_error_set(err, -EEXIST, "Bitmap already exists: %s", name);
+        return NULL;
+    }
+    int64_t len = qk_block_length(bs);
+    if (len < 0) {
+        qk_error_set_errno(err, (int)len, "Cannot get the size of '%s'", bs->filename);
+        return NULL;
+    }
+    QkDirtyBitmap *bm = calloc(1, sizeof(*bm));
+    if (!bm) {
+        qk_error_set(err, -ENOMEM, "out of memory");
+        return NULL;
+    }
+    bm->name = name ? strdup(name) : NULL;
+    bm->granularity = granularity;
+    bm->size = (uint64_t)len;
+    bm->enabled = true;
+    bm->bits = qk_hbitmap_new(QK_DIV_ROUND_UP((uint64_t)len, granularity));
+    if (!bm->bits || (name && !bm->name)) {
+        qk_hbitmap_free(bm->bits);
+        free(bm->name);
+        free(bm);
+        qk_error_set(err, -ENOMEM, "out of memory");
+        return NULL;
+    }
+    bm->next = bs->dirty_bitmaps;
+    bs->dirty_bitmaps = bm;
+    return bm;
+}
+
+QkDirtyBitmap *qk_dirty_bitmap_find(QkBlock *bs, const char *name)
+{
+    for (QkDirtyBitmap *bm = bs->dirty_bitmaps; bm; bm = bm->next) {
+        if (bm->name && strcmp(bm->name, name) == 0) {
+            return bm;
+        }
+    }
+    return NULL;
+}
+
+static void bm_free(QkDirtyBitmap *bm)
+{
+    qk_hbitmap_free(bm->bits);
+    free(bm->name);
+    free(bm);
+}
+
+int qk_dirty_bitmap_remove(QkBlock *bs, QkDirtyBitmap *bm, QkError *err)
+{
+    if (bm->busy) {
+        return qk_error_set(err, -EBUSY, "Bitmap '%s' is in use", bm->name ? bm->name : "(anonymous)");
+    }
+    for (QkDirtyBitmap **pp = &bs->dirty_bitmaps; *pp; pp = &(*pp)->next) {
+        if (*pp == bm) {
+            *pp = bm->next;
+            bm_free(bm);
+            return 0;
+        }
+    }
+    return qk_error_set(err, -ENOENT, "Bitmap not found");
+}
+
+void qk_dirty_bitmap_remove_all(QkBlock *bs)
+{
+    while (bs->dirty_bitmaps) {
+        QkDirtyBitmap *bm = bs->dirty_bitmaps;
+        bs->dirty_bitmaps = bm->next;
+        bm_free(bm);
+    }
+}
+
+void qk_dirty_bitmap_set_enabled(QkDirtyBitmap *bm, bool enabled) { bm->enabled = enabled; }
+void qk_dirty_bitmap_clear(QkDirtyBitmap *bm) { qk_hbitmap_reset_all(bm->bits); }
+
+int qk_dirty_bitmap_merge(QkDirtyBitmap *dst, const QkDirtyBitmap *src, QkError *err)
+{
+    if (dst->granularity != src->granularity || !qk_hbitmap_merge(dst->bits, src->bits)) {
+        return qk_error_set(err, -EINVAL, "Bitmaps are incompatible (size or granularity differ)");
+    }
+    return 0;
+}
+
+static void range_bits(const QkDirtyBitmap *bm, uint64_t off, uint64_t bytes, uint64_t *first, uint64_t *n)
+{
+    uint64_t end = off + bytes < off ? UINT64_MAX : off + bytes;
+    *first = off / bm->granularity;
+    *n = QK_DIV_ROUND_UP(end, bm->granularity) - *first;
+}
+
+void qk_dirty_bitmap_mark(QkDirtyBitmap *bm, uint64_t off, uint64_t bytes)
+{
+    uint64_t first, n;
+    if (bytes == 0) {
+        return;
+    }
+    range_bits(bm, off, bytes, &first, &n);
+    qk_hbitmap_set(bm->bits, first, n);
+}
+
+void qk_dirty_bitmap_reset(QkDirtyBitmap *bm, uint64_t off, uint64_t bytes)
+{
+    uint64_t first, n;
+    if (bytes == 0) {
+        return;
+    }
+    range_bits(bm, off, bytes, &first, &n);
+    qk_hbitmap_reset(bm->bits, first, n);
+}
+
+bool qk_dirty_bitmap_get(const QkDirtyBitmap *bm, uint64_t off)
+{
+    return qk_hbitmap_get(bm->bits, off / bm->granularity);
+}
+
+uint64_t qk_dirty_bitmap_dirty_bytes(const QkDirtyBitmap *bm)
+{
+    uint64_t bytes = qk_hbitmap_count(bm->bits) * bm->granularity;
+    /* The last chunk may be partial. */
+    uint64_t nbits = qk_hbitmap_size(bm->bits);
+    if (nbits && qk_hbitmap_get(bm->bits, nbits - 1) && bm->size % bm->granularity) {
+        bytes -= bm->granularity - bm->size % bm->granularity;
+    }
+    return bytes;
+}
+
+uint64_t qk_dirty_bitmap_next_dirty(const QkDirtyBitmap *bm, uint64_t off)
+{
+    uint64_t b = qk_hbitmap_next_set(bm->bits, off / bm->granularity);
+    return b == UINT64_MAX ? UINT64_MAX : b * bm->granularity;
+}
+
+void qk_dirty_bitmaps_mark_all(QkBlock *bs, uint64_t off, uint64_t bytes)
+{
+    for (QkDirtyBitmap *bm = bs->dirty_bitmaps; bm; bm = bm->next) {
+        if (bm->enabled) {
+            qk_dirty_bitmap_mark(bm, off, bytes);
+        }
+    }
+}

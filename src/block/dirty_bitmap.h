@@ -1,0 +1,52 @@
+/*
+ * Dirty bitmaps attached to a block node. Every completed write, zero
+ * write and discard through the node's request entry marks the enabled
+ * bitmaps, at the bitmap's granularity (a power of two, 512 B and up).
+ * Marking happens when the request completes, so a copier that reads a
+ * chunk and then clears its bit cannot lose a write that was still in flight.
+ */
+#ifndef QK_BLOCK_DIRTY_BITMAP_H
+#define QK_BLOCK_DIRTY_BITMAP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "util/error.h"
+#include "util/hbitmap.h"
+
+typedef struct QkBlock QkBlock;
+
+typedef struct QkDirtyBitmap {
+    char *name;
+    uint64_t granularity;
+    uint64_t size;            /* bytes covered */
+    bool enabled;
+    int busy;                 /* users (e.g. a mirror job) that forbid removal */
+    QkHBitmap *bits;
+    struct QkDirtyBitmap *next;
+} QkDirtyBitmap;
+
+/* Adds a bitmap; name must be unique on bs (NULL for an anonymous one). */
+QkDirtyBitmap *qk_dirty_bitmap_add(QkBlock *bs, const char *name, uint64_t granularity, QkError *err);
+QkDirtyBitmap *qk_dirty_bitmap_find(QkBlock *bs, const char *name);
+/* Fails with -EBUSY while the bitmap is in use. */
+int qk_dirty_bitmap_remove(QkBlock *bs, QkDirtyBitmap *bm, QkError *err);
+void qk_dirty_bitmap_remove_all(QkBlock *bs);
+
+void qk_dirty_bitmap_set_enabled(QkDirtyBitmap *bm, bool enabled);
+void qk_dirty_bitmap_clear(QkDirtyBitmap *bm);
+/* dst |= src (same size and granularity). */
+int qk_dirty_bitmap_merge(QkDirtyBitmap *dst, const QkDirtyBitmap *src, QkError *err);
+
+/* Byte-range operations (ranges are widened to granularity). */
+void qk_dirty_bitmap_mark(QkDirtyBitmap *bm, uint64_t off, uint64_t bytes);
+void qk_dirty_bitmap_reset(QkDirtyBitmap *bm, uint64_t off, uint64_t bytes);
+bool qk_dirty_bitmap_get(const QkDirtyBitmap *bm, uint64_t off);
+uint64_t qk_dirty_bitmap_dirty_bytes(const QkDirtyBitmap *bm);
+/* Offset of the first dirty chunk at or after off, or UINT64_MAX. */
+uint64_t qk_dirty_bitmap_next_dirty(const QkDirtyBitmap *bm, uint64_t off);
+
+/* Called by the request entry points for every completed modification. */
+void qk_dirty_bitmaps_mark_all(QkBlock *bs, uint64_t off, uint64_t bytes);
+
+#endif

@@ -1,0 +1,32 @@
+/*
+ * Hierarchical bitmap: a flat bit array plus summary levels where each bit
+ * says "this 64-bit word below is not all zero". Finding the next set bit
+ * skips empty regions 64^k bits at a time, and the number of set bits is
+ * kept up to date, so a dirty-chunk walker never scans clean space.
+ */
+#ifndef QK_UTIL_HBITMAP_H
+#define QK_UTIL_HBITMAP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct QkHBitmap QkHBitmap;
+
+QkHBitmap *qk_hbitmap_new(uint64_t nbits);
+void qk_hbitmap_free(QkHBitmap *hb);
+uint64_t qk_hbitmap_size(const QkHBitmap *hb);
+/* Sets / clears bits [start, start+count), clamped to the size. */
+void qk_hbitmap_set(QkHBitmap *hb, uint64_t start, uint64_t count);
+void qk_hbitmap_reset(QkHBitmap *hb, uint64_t start, uint64_t count);
+void qk_hbitmap_reset_all(QkHBitmap *hb);
+bool qk_hbitmap_get(const QkHBitmap *hb, uint64_t bit);
+/* Number of set bits. */
+uint64_t qk_hbitmap_count(const QkHBitmap *hb);
+/* First set bit >= from, or UINT64_MAX when none. */
+uint64_t qk_hbitmap_next_set(const QkHBitmap *hb, uint64_t from);
+/* First clear bit >= from, or UINT64_MAX when none. */
+uint64_t qk_hbitmap_next_zero(const QkHBitmap *hb, uint64_t from);
+/* dst |= src; both must have the same size. Returns false otherwise. */
+bool qk_hbitmap_merge(QkHBitmap *dst, const QkHBitmap *src);
+
+#endif
