@@ -134,6 +134,10 @@ struct QkBlockDriver {
     int64_t (*get_length)(QkBlock *bs);
     int64_t (*get_allocated_size)(QkBlock *bs);
     void (*get_info)(QkBlock *bs, QkImageInfo *info);
+    /* VM state: stream bytes at pos of the state saved with a snapshot
+     * (see block/vmstate.h for the buffered writer and reader). */
+    int coroutine_fn (*co_save_vmstate)(QkBlock *bs, QkIov *qiov, uint64_t pos);
+    int coroutine_fn (*co_load_vmstate)(QkBlock *bs, QkIov *qiov, uint64_t pos);
 };
 
 struct QkBlock {
