@@ -65,6 +65,7 @@ static QkBlock *node_new(const QkBlockDriver *drv, const char *filename, int fla
     bs->request_alignment = 1;
     bs->mem_alignment = 1;
     qk_co_queue_init(&bs->drain_waiters);
+    qk_co_queue_init(&bs->quiesce_waiters);
     qk_co_mutex_init(&bs->flush_lock);
     return bs;
 }
@@ -314,6 +315,60 @@ void coroutine_fn qk_co_drain(QkBlock *bs)
     }
 }
 
+/* ---- modification entry and exit ---- */
+
+void qk_block_add_write_hook(QkBlock *bs, QkWriteHook *h)
+{
+    h->next = bs->write_hooks;
+    bs->write_hooks = h;
+}
+
+void qk_block_remove_write_hook(QkBlock *bs, QkWriteHook *h)
+{
+    for (QkWriteHook **pp = &bs->write_hooks; *pp; pp = &(*pp)->next) {
+        if (*pp == h) {
+            *pp = h->next;
+            return;
+        }
+    }
+}
+
+void coroutine_fn qk_co_block_quiesce_begin(QkBlock *bs)
+{
+    bs->quiesce_counter++;
+    while (bs->in_flight > 0) {
+        qk_co_queue_wait(&bs->drain_waiters);
+    }
+}
+
+void qk_block_quiesce_end(QkBlock *bs)
+{
+    if (--bs->quiesce_counter == 0) {
+        qk_co_queue_wake_all(&bs->quiesce_waiters);
+    }
+}
+
+static void coroutine_fn write_begin(QkBlock *bs)
+{
+    while (bs->quiesce_counter > 0) {
+        qk_co_queue_wait(&bs->quiesce_waiters);
+    }
+    bs->in_flight++;
+}
+
+/* Marks dirty bitmaps (even on failure: part of the range may have
+ * changed), runs the write hooks on success, and ends the request. */
+static int coroutine_fn write_end(QkBlock *bs, int r, QkWriteKind kind, uint64_t off, uint64_t bytes,
+                                  QkIov *qiov, size_t qiov_off, int flags)
+{
+    qk_dirty_bitmaps_mark_all(bs, off, bytes);
+    for (QkWriteHook *h = bs->write_hooks; h && r == 0; h = h->next) {
+        r = h->after_write(h, bs, kind, off, bytes, qiov, qiov_off, flags);
+    }
+    qk_block_dec_in_flight(bs);
+    return r;
+}
+
 /* ---- requests ---- */
 
 int64_t qk_block_length(QkBlock *bs)
@@ -362,15 +417,12 @@ int coroutine_fn qk_co_pwritev(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov 
     if (r < 0 || bytes == 0) {
         return r;
     }
-    bs->in_flight++;
+    write_begin(bs);
     r = bs->drv->co_pwritev(bs, off, bytes, qiov, qiov_off, flags);
-    /* Mark even on failure: part of the range may have changed. */
-    qk_dirty_bitmaps_mark_all(bs, off, bytes);
     if (r == 0 && (bs->open_flags & QK_OPEN_WRITETHROUGH) && !bs->drv->is_protocol) {
         r = qk_co_flush(bs);
     }
-    qk_block_dec_in_flight(bs);
-    return r;
+    return write_end(bs, r, QK_WRITE_DATA, off, bytes, qiov, qiov_off, flags);
 }
 
 int coroutine_fn qk_co_pread(QkBlock *bs, uint64_t off, uint64_t bytes, void *buf, int flags)
@@ -393,7 +445,7 @@ int coroutine_fn qk_co_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t bytes, 
     if (r < 0 || bytes == 0) {
         return r;
     }
-    bs->in_flight++;
+    write_begin(bs);
     if (bs->drv->co_pwrite_zeroes) {
         r = bs->drv->co_pwrite_zeroes(bs, off, bytes, flags);
     } else {
@@ -412,9 +464,7 @@ int coroutine_fn qk_co_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t bytes, 
         }
         free(z);
     }
-    qk_dirty_bitmaps_mark_all(bs, off, bytes);
-    qk_block_dec_in_flight(bs);
-    return r;
+    return write_end(bs, r, QK_WRITE_ZEROES, off, bytes, NULL, 0, flags);
 }
 
 int coroutine_fn qk_co_pdiscard(QkBlock *bs, uint64_t off, uint64_t bytes)
@@ -426,11 +476,12 @@ int coroutine_fn qk_co_pdiscard(QkBlock *bs, uint64_t off, uint64_t bytes)
     if (!bs->drv->co_pdiscard) {
         return 0; /* discard is advisory */
     }
-    bs->in_flight++;
+    write_begin(bs);
     r = bs->drv->co_pdiscard(bs, off, bytes);
-    qk_dirty_bitmaps_mark_all(bs, off, bytes);
-    qk_block_dec_in_flight(bs);
-    return r == -ENOTSUP ? 0 : r;
+    if (r == -ENOTSUP) {
+        r = 0;
+    }
+    return write_end(bs, r, QK_WRITE_DISCARD, off, bytes, NULL, 0, 0);
 }
 
 int coroutine_fn qk_co_flush(QkBlock *bs)

@@ -157,7 +157,36 @@ struct QkBlock {
     QkCoQueue drain_waiters;
     QkCoMutex flush_lock;
     struct QkDirtyBitmap *dirty_bitmaps; /* marked by every completed modification */
+    struct QkWriteHook *write_hooks;
+    unsigned quiesce_counter;     /* > 0: new modifications wait */
+    QkCoQueue quiesce_waiters;
 };
+
+/* Kinds of modification seen by write hooks. */
+typedef enum QkWriteKind {
+    QK_WRITE_DATA,
+    QK_WRITE_ZEROES,
+    QK_WRITE_DISCARD,
+} QkWriteKind;
+
+/* A hook runs after every successful modification of a node and before
+ * the request completes; an error it returns fails the request. Used by
+ * write-blocking mirror to copy each new write to the target. qiov is NULL
+ * for zeroes and discard. */
+typedef struct QkWriteHook {
+    int coroutine_fn (*after_write)(struct QkWriteHook *h, QkBlock *bs, QkWriteKind kind,
+                                    uint64_t off, uint64_t bytes, QkIov *qiov, size_t qiov_off,
+                                    int flags);
+    void *opaque;
+    struct QkWriteHook *next;
+} QkWriteHook;
+
+void qk_block_add_write_hook(QkBlock *bs, QkWriteHook *h);
+void qk_block_remove_write_hook(QkBlock *bs, QkWriteHook *h);
+/* Holds new writes, zero writes and discards at the entry point (reads go
+ * on), then waits for the ones in flight. Nests; end releases. */
+void coroutine_fn qk_co_block_quiesce_begin(QkBlock *bs);
+void qk_block_quiesce_end(QkBlock *bs);
 
 /* Driver registry. */
 const QkBlockDriver *qk_block_find_driver(const char *format);
