@@ -82,11 +82,16 @@ static void *worker(void *arg)
         pthread_mutex_unlock(&t->lock);
         r->result = run_one(r);
         pthread_mutex_lock(&t->lock);
+        /* Only the first completion of a batch needs to wake the loop: it
+         * takes the whole list under the lock. */
+        bool was_empty = t->done == NULL;
         r->next = t->done;
         t->done = r;
-        uint64_t one = 1;
-        ssize_t w = write(t->efd, &one, sizeof(one));
-        (void)w;
+        if (was_empty) {
+            uint64_t one = 1;
+            ssize_t w = write(t->efd, &one, sizeof(one));
+            (void)w;
+        }
     }
 out:
     t->workers--;
