@@ -1,23 +1,363 @@
 /*
- * The qcow2 format driver (placeholder until the format lands).
+ * The qcow2 format driver: open (validate everything, then load L1 and the
+ * refcount table), close, flush, block status, truncate, image info, and
+ * the driver table. The data paths live in read.c, write.c and zero.c.
  */
-#include "block/block.h"
+#include "qcow2/qcow2_int.h"
 
+#include <stdlib.h>
 #include <string.h>
+
+#define DEFAULT_L2_CACHE_MAX (32ULL << 20)
 
 static int qcow2_probe(const uint8_t *buf, size_t len)
 {
-    return len >= 4 && memcmp(buf, "QFI\xfb", 4) == 0 ? 100 : 0;
+    return len >= 8 && memcmp(buf, "QFI\xfb", 4) == 0 && qcow2_ld32(buf + 4) >= 2 ? 100 : 0;
+}
+
+bool qk_block_is_qcow2(const QkBlock *bs)
+{
+    return bs && bs->drv == &qk_drv_qcow2;
+}
+
+static int coroutine_fn load_table(Qcow2State *s, uint64_t off, uint64_t entries, uint64_t alloc_entries,
+                                   uint64_t **out)
+{
+    uint64_t *t = calloc(QK_MAX(alloc_entries, 1), 8);
+    if (!t) {
+        return -ENOMEM;
+    }
+    if (entries) {
+        int r = qk_co_pread(s->bs->file, off, entries * 8, t, 0);
+        if (r < 0) {
+            free(t);
+            return r;
+        }
+        for (uint64_t i = 0; i < entries; i++) {
+            t[i] = be64toh(t[i]);
+        }
+    }
+    *out = t;
+    return 0;
+}
+
+static void free_state(Qcow2State *s)
+{
+    qcow2_cache_free(s->l2_cache);
+    qcow2_cache_free(s->rb_cache);
+    s->l2_cache = s->rb_cache = NULL;
+    free(s->l1);
+    free(s->rt);
+    free(s->zero_buf);
+    s->l1 = s->rt = NULL;
+    s->zero_buf = NULL;
+    qcow2_free_extensions(s);
+}
+
+int coroutine_fn qcow2_flush_caches(Qcow2State *s)
+{
+    bool rb_dirty = qcow2_cache_has_dirty(s->rb_cache);
+    int r = qcow2_cache_flush(s->rb_cache);
+    if (r == 0 && rb_dirty && qcow2_cache_has_dirty(s->l2_cache) && !s->lazy_refcounts) {
+        r = qk_co_flush(s->bs->file);
+    }
+    if (r == 0) {
+        r = qcow2_cache_flush(s->l2_cache);
+    }
+    return r;
+}
+
+/* Rebuilds refcounts left stale by a crash with lazy refcounts on. */
+static int coroutine_fn repair_dirty(QkBlock *bs, QkError *err)
+{
+    Qcow2State *s = qcow2_state(bs);
+    QkCheckResult res;
+    int r = qk_qcow2_co_check(bs, QK_CHECK_FIX_LEAKS | QK_CHECK_FIX_ERRORS, &res, NULL, NULL, err);
+    if (r < 0) {
+        return r;
+    }
+    if (res.corruptions || res.check_errors) {
+        return qk_error_corrupt(err, "could not repair the refcounts of a dirty image");
+    }
+    r = qk_co_flush(bs->file);
+    if (r == 0) {
+        r = qcow2_set_incompat(s, s->h.incompatible_features & ~QCOW2_INCOMPAT_DIRTY);
+    }
+    if (r == 0) {
+        r = qk_co_flush(bs->file);
+    }
+    return r < 0 ? qk_error_set_errno(err, r, "Could not clear the dirty bit") : 0;
 }
 
 static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkError *err)
 {
-    (void)opts;
-    return qk_error_set(err, -ENOTSUP, "'%s': qcow2 is not supported yet", bs->filename);
+    Qcow2State *s = qcow2_state(bs);
+    memset(s, 0, sizeof(*s));
+    s->bs = bs;
+    s->read_only = bs->read_only;
+    s->strict_alloc_deps = opts->strict_alloc_deps;
+    qk_co_mutex_init(&s->lock);
+
+    uint8_t *c0 = NULL;
+    uint64_t flen;
+    char *bfmt = NULL;
+    int r = qcow2_read_header(bs->file, &s->h, &c0, &flen, err);
+    if (r < 0) {
+        return r;
+    }
+    s->cluster_bits = s->h.cluster_bits;
+    s->cluster_size = 1ULL << s->cluster_bits;
+    r = qcow2_parse_extensions(s, c0, &bfmt, err);
+    if (r == 0) {
+        r = qcow2_validate_header(s, flen, !bs->read_only, err);
+    }
+    if (r < 0) {
+        goto fail;
+    }
+    if (s->h.backing_file_offset) {
+        bs->backing_file = strndup((const char *)c0 + s->h.backing_file_offset, s->h.backing_file_size);
+        bs->backing_format = bfmt;
+        bfmt = NULL;
+    }
+    free(bfmt);
+    bfmt = NULL;
+
+    s->l1_size = s->h.l1_size;
+    s->l1_offset = s->h.l1_table_offset;
+    r = load_table(s, s->l1_offset, s->l1_size, s->l1_size, &s->l1);
+    if (r < 0) {
+        qk_error_set_errno(err, r, "Could not read the L1 table");
+        goto fail;
+    }
+    s->rt_offset = s->h.refcount_table_offset;
+    s->rt_clusters = s->h.refcount_table_clusters;
+    s->rt_size = ((uint64_t)s->rt_clusters << s->cluster_bits) / 8;
+    s->rt_disk_size = s->rt_size;
+    r = load_table(s, s->rt_offset, s->rt_size, s->rt_size, &s->rt);
+    if (r < 0) {
+        qk_error_set_errno(err, r, "Could not read the refcount table");
+        goto fail;
+    }
+
+    uint64_t l2_entries, rb_entries;
+    if (opts->cache_size) {
+        l2_entries = opts->cache_size * 4 / 5 / s->cluster_size;
+        rb_entries = opts->cache_size / 5 / s->cluster_size;
+    } else {
+        l2_entries = QK_MIN(qcow2_l1_needed(s, s->h.size), DEFAULT_L2_CACHE_MAX / s->cluster_size);
+        rb_entries = l2_entries / 4;
+    }
+    l2_entries = QK_MAX(l2_entries, 16);
+    rb_entries = QK_MAX(rb_entries, 8);
+    s->l2_cache = qcow2_cache_new(s, (unsigned)QK_MIN(l2_entries, 1u << 20));
+    s->rb_cache = qcow2_cache_new(s, (unsigned)QK_MIN(rb_entries, 1u << 20));
+    s->zero_buf = qk_aligned_zalloc(QK_MAX(4096u, bs->mem_alignment), s->cluster_size);
+    if (!s->l2_cache || !s->rb_cache || !s->zero_buf) {
+        r = qk_error_set(err, -ENOMEM, "out of memory");
+        goto fail;
+    }
+    if (!s->lazy_refcounts) {
+        qcow2_cache_set_dependency(s->l2_cache, s->rb_cache);
+    }
+    bs->size = s->h.size;
+    bs->request_alignment = 1;
+    s->file_size = flen;
+    s->host_end = flen;
+    s->free_hint = 1;
+
+    if (!bs->read_only) {
+        if (s->h.autoclear_features) {
+            /* We maintain none of the autoclear features: say so. */
+            s->h.autoclear_features = 0;
+            r = qcow2_write_header_field(s, QCOW2_HOFF_AUTOCLEAR, 8);
+            if (r < 0) {
+                qk_error_set_errno(err, r, "Could not update the qcow2 header");
+                goto fail;
+            }
+        }
+        if ((s->h.incompatible_features & QCOW2_INCOMPAT_DIRTY) && !(opts->flags & QK_OPEN_CHECK)) {
+            r = repair_dirty(bs, err);
+            if (r < 0) {
+                goto fail;
+            }
+        }
+    }
+    free(c0);
+    return 0;
+
+fail:
+    free(bfmt);
+    free(c0);
+    free(bs->backing_file);
+    free(bs->backing_format);
+    bs->backing_file = bs->backing_format = NULL;
+    free_state(s);
+    return r;
+}
+
+static void coroutine_fn qcow2_close(QkBlock *bs)
+{
+    Qcow2State *s = qcow2_state(bs);
+    if (!s->read_only) {
+        qk_co_mutex_lock(&s->lock);
+        int r = qcow2_flush_caches(s);
+        if (r == 0 && s->dirty_set_by_us) {
+            r = qk_co_flush(bs->file);
+            if (r == 0) {
+                qcow2_set_incompat(s, s->h.incompatible_features & ~QCOW2_INCOMPAT_DIRTY);
+            }
+        }
+        if (r == 0 && s->file_grown && s->file_size > s->host_end) {
+            /* Give back what we grew ahead but never used. */
+            QkError err = {0};
+            qk_co_truncate(bs->file, s->host_end, QK_PREALLOC_OFF, &err);
+        }
+        qk_co_flush(bs->file);
+        qk_co_mutex_unlock(&s->lock);
+    }
+    free_state(s);
+}
+
+static int coroutine_fn qcow2_co_flush(QkBlock *bs)
+{
+    Qcow2State *s = qcow2_state(bs);
+    qk_co_mutex_lock(&s->lock);
+    int r = qcow2_flush_caches(s);
+    qk_co_mutex_unlock(&s->lock);
+    return r;
+}
+
+static int64_t qcow2_get_length(QkBlock *bs)
+{
+    return (int64_t)bs->size;
+}
+
+static int ext_flags(const QkBlock *bs, const Qcow2Extent *e)
+{
+    switch (e->type) {
+    case QCOW2_UNALLOC: return bs->backing ? 0 : QK_BS_ZERO;
+    case QCOW2_ZERO_PLAIN: return QK_BS_ZERO | QK_BS_ALLOCATED;
+    case QCOW2_ZERO_ALLOC: return QK_BS_ZERO | QK_BS_ALLOCATED | QK_BS_OFFSET_VALID;
+    case QCOW2_NORMAL: return QK_BS_DATA | QK_BS_ALLOCATED | QK_BS_OFFSET_VALID;
+    default: return QK_BS_DATA | QK_BS_ALLOCATED;
+    }
+}
+
+static int coroutine_fn qcow2_block_status(QkBlock *bs, uint64_t off, uint64_t bytes, uint64_t *pnum,
+                                           uint64_t *map, QkBlock **file)
+{
+    Qcow2State *s = qcow2_state(bs);
+    Qcow2Extent first;
+    int r = qcow2_get_extent(s, off, bytes, &first);
+    if (r < 0) {
+        return r;
+    }
+    int flags = ext_flags(bs, &first);
+    uint64_t n = first.bytes;
+    /* Merge following extents of the same kind (host-contiguous for data). */
+    while (n < bytes && first.type != QCOW2_COMPRESSED) {
+        Qcow2Extent e;
+        r = qcow2_get_extent(s, off + n, bytes - n, &e);
+        if (r < 0 || ext_flags(bs, &e) != flags) {
+            break;
+        }
+        if ((flags & QK_BS_OFFSET_VALID) && e.host != first.host + n) {
+            break;
+        }
+        n += e.bytes;
+    }
+    *pnum = n;
+    if (flags & QK_BS_OFFSET_VALID) {
+        *map = first.host;
+        *file = bs->file;
+    }
+    return flags;
+}
+
+static int coroutine_fn qcow2_truncate(QkBlock *bs, uint64_t size, QkPrealloc prealloc, QkError *err)
+{
+    Qcow2State *s = qcow2_state(bs);
+    uint64_t old = bs->size;
+    if (size < old) {
+        return qk_error_set(err, -ENOTSUP, "qcow2 images cannot be shrunk yet");
+    }
+    if (size % 512) {
+        return qk_error_set(err, -EINVAL, "The new size must be a multiple of 512");
+    }
+    if (size > (1ULL << 62)) {
+        return qk_error_set(err, -EFBIG, "size too large");
+    }
+    qk_co_mutex_lock(&s->lock);
+    int r = qcow2_grow_l1(s, qcow2_l1_needed(s, size), err);
+    if (r == 0 && prealloc != QK_PREALLOC_OFF) {
+        r = qcow2_preallocate(s, old, size, prealloc, err);
+    }
+    if (r == 0) {
+        r = qcow2_flush_caches(s);
+        if (r < 0) {
+            qk_error_set_errno(err, r, "Could not write metadata");
+        }
+    }
+    if (r == 0) {
+        s->h.size = size;
+        r = qcow2_write_header_field(s, QCOW2_HOFF_SIZE, 8);
+        if (r < 0) {
+            s->h.size = old;
+            qk_error_set_errno(err, r, "Could not update the qcow2 header");
+        }
+    }
+    qk_co_mutex_unlock(&s->lock);
+    if (r < 0) {
+        return r;
+    }
+    bs->size = size;
+    /* The new area must read as zeros: data of a bigger backing file, or
+     * the old tail of the last cluster, must not show through. */
+    uint64_t zend = qk_align_up(old, s->cluster_size);
+    if (bs->backing) {
+        int64_t bl = qk_block_length(bs->backing);
+        if (bl > 0 && (uint64_t)bl > zend) {
+            zend = (uint64_t)bl;
+        }
+    }
+    zend = QK_MIN(zend, size);
+    if (zend > old && prealloc == QK_PREALLOC_OFF) {
+        r = qk_co_pwrite_zeroes(bs, old, zend - old, 0);
+        if (r < 0) {
+            return qk_error_set_errno(err, r, "Could not zero the new area");
+        }
+    }
+    return 0;
+}
+
+static void qcow2_get_info(QkBlock *bs, QkImageInfo *info)
+{
+    Qcow2State *s = qcow2_state(bs);
+    info->cluster_size = (uint32_t)s->cluster_size;
+    info->qcow2_version = (int)s->h.version;
+    info->refcount_bits = s->refcount_bits;
+    info->lazy_refcounts = s->lazy_refcounts;
+    info->corrupt = (s->h.incompatible_features & QCOW2_INCOMPAT_CORRUPT) != 0;
+    info->dirty = (s->h.incompatible_features & QCOW2_INCOMPAT_DIRTY) != 0;
+    info->extended_l2 = s->extended_l2;
+    info->compression_type = s->h.compression_type == 1 ? "zstd" : "zlib";
+    info->nb_snapshots = (int)s->h.nb_snapshots;
 }
 
 const QkBlockDriver qk_drv_qcow2 = {
     .format_name = "qcow2",
+    .instance_size = sizeof(Qcow2State),
     .probe = qcow2_probe,
     .co_open = qcow2_open,
+    .co_close = qcow2_close,
+    .co_create = qcow2_co_create,
+    .co_preadv = qcow2_co_preadv,
+    .co_pwritev = qcow2_co_pwritev,
+    .co_pwrite_zeroes = qcow2_co_pwrite_zeroes,
+    .co_pdiscard = qcow2_co_pdiscard,
+    .co_flush = qcow2_co_flush,
+    .co_block_status = qcow2_block_status,
+    .co_truncate = qcow2_truncate,
+    .get_length = qcow2_get_length,
+    .get_info = qcow2_get_info,
 };

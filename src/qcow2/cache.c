@@ -1,0 +1,333 @@
+/*
+ * Metadata cache for cluster-sized tables (L2 tables, refcount blocks):
+ * fixed number of entries, hash lookup by host offset, LRU eviction, dirty
+ * tracking and writeback. A cache may depend on another: before any of its
+ * tables is written, every dirty table of the dependency is written and the
+ * file flushed (refcount blocks reach the disk before the L2 tables that
+ * need them). Entries are pinned while a caller uses them; pinned or
+ * loading entries are never evicted.
+ */
+#include "qcow2/qcow2_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct Entry {
+    uint64_t offset;         /* 0: free */
+    uint64_t lru;
+    int ref;
+    bool dirty;
+    bool busy;               /* being loaded or written back */
+    QkCoQueue waiters;
+    int hnext;               /* hash chain, -1 ends */
+} Entry;
+
+struct Qcow2Cache {
+    Qcow2State *s;
+    Qcow2Cache *depends;
+    size_t table_size;
+    unsigned n;
+    Entry *e;
+    uint8_t *data;
+    int *buckets;
+    unsigned nbuckets;
+    uint64_t clock;
+    unsigned ndirty;
+    QkCoQueue free_waiters;  /* every entry pinned */
+};
+
+static unsigned bucket_of(const Qcow2Cache *c, uint64_t offset)
+{
+    uint64_t h = offset * 0x9e3779b97f4a7c15ULL;
+    return (unsigned)(h >> 40) & (c->nbuckets - 1);
+}
+
+static void hash_insert(Qcow2Cache *c, int i)
+{
+    unsigned b = bucket_of(c, c->e[i].offset);
+    c->e[i].hnext = c->buckets[b];
+    c->buckets[b] = i;
+}
+
+static void hash_remove(Qcow2Cache *c, int i)
+{
+    unsigned b = bucket_of(c, c->e[i].offset);
+    for (int *p = &c->buckets[b]; *p >= 0; p = &c->e[*p].hnext) {
+        if (*p == i) {
+            *p = c->e[i].hnext;
+            return;
+        }
+    }
+}
+
+static int lookup(const Qcow2Cache *c, uint64_t offset)
+{
+    for (int i = c->buckets[bucket_of(c, offset)]; i >= 0; i = c->e[i].hnext) {
+        if (c->e[i].offset == offset) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+Qcow2Cache *qcow2_cache_new(Qcow2State *s, unsigned entries)
+{
+    Qcow2Cache *c = calloc(1, sizeof(*c));
+    if (!c) {
+        return NULL;
+    }
+    c->s = s;
+    c->table_size = s->cluster_size;
+    c->n = entries;
+    c->nbuckets = 16;
+    while (c->nbuckets < entries * 2) {
+        c->nbuckets *= 2;
+    }
+    c->e = calloc(entries, sizeof(Entry));
+    c->buckets = malloc(sizeof(int) * c->nbuckets);
+    c->data = qk_aligned_alloc(QK_MAX(4096u, s->bs->mem_alignment), (size_t)entries * c->table_size);
+    if (!c->e || !c->buckets || !c->data) {
+        qcow2_cache_free(c);
+        return NULL;
+    }
+    for (unsigned i = 0; i < c->nbuckets; i++) {
+        c->buckets[i] = -1;
+    }
+    for (unsigned i = 0; i < entries; i++) {
+        c->e[i].hnext = -1;
+        qk_co_queue_init(&c->e[i].waiters);
+    }
+    qk_co_queue_init(&c->free_waiters);
+    return c;
+}
+
+void qcow2_cache_free(Qcow2Cache *c)
+{
+    if (!c) {
+        return;
+    }
+    free(c->e);
+    free(c->buckets);
+    free(c->data);
+    free(c);
+}
+
+void qcow2_cache_set_dependency(Qcow2Cache *c, Qcow2Cache *dep)
+{
+    c->depends = dep;
+}
+
+bool qcow2_cache_has_dirty(const Qcow2Cache *c)
+{
+    return c->ndirty > 0;
+}
+
+static void *table_of(Qcow2Cache *c, int i)
+{
+    return c->data + (size_t)i * c->table_size;
+}
+
+static int index_of(Qcow2Cache *c, const void *table)
+{
+    return (int)(((const uint8_t *)table - c->data) / c->table_size);
+}
+
+static int coroutine_fn flush_dependency(Qcow2Cache *c)
+{
+    if (!c->depends || !c->depends->ndirty) {
+        return 0;
+    }
+    int r = qcow2_cache_flush(c->depends);
+    if (r == 0) {
+        r = qk_co_flush(c->s->bs->file);
+    }
+    return r;
+}
+
+/* Writes entry i if dirty. The entry is marked busy so it is neither
+ * evicted nor reused meanwhile; a change made during the write marks it
+ * dirty again. */
+static int coroutine_fn write_entry(Qcow2Cache *c, int i)
+{
+    Entry *e = &c->e[i];
+    while (e->busy) {
+        qk_co_queue_wait(&e->waiters);
+    }
+    if (!e->dirty || !e->offset) {
+        return 0;
+    }
+    int r = flush_dependency(c);
+    if (r < 0) {
+        return r;
+    }
+    if (!e->dirty) {
+        return 0;
+    }
+    e->dirty = false;
+    c->ndirty--;
+    e->busy = true;
+    e->ref++;
+    r = qk_co_pwrite(c->s->bs->file, e->offset, c->table_size, table_of(c, i), 0);
+    e->ref--;
+    e->busy = false;
+    if (r < 0 && !e->dirty) {
+        e->dirty = true;
+        c->ndirty++;
+    }
+    qk_co_queue_wake_all(&e->waiters);
+    if (e->ref == 0) {
+        qk_co_queue_wake_all(&c->free_waiters);
+    }
+    return r;
+}
+
+/* Finds an entry that can take a new table, writing back a dirty victim if
+ * needed. Returns its index; may yield. */
+static int coroutine_fn get_victim(Qcow2Cache *c)
+{
+    for (;;) {
+        int best = -1;
+        for (unsigned i = 0; i < c->n; i++) {
+            Entry *e = &c->e[i];
+            if (e->ref || e->busy) {
+                continue;
+            }
+            if (!e->offset) {
+                return (int)i;
+            }
+            if (best < 0 || e->lru < c->e[best].lru) {
+                best = (int)i;
+            }
+        }
+        if (best < 0) {
+            qk_co_queue_wait(&c->free_waiters);
+            continue;
+        }
+        Entry *e = &c->e[best];
+        if (e->dirty) {
+            int r = write_entry(c, best);
+            if (r < 0) {
+                return r;
+            }
+            continue; /* the world may have changed while writing */
+        }
+        hash_remove(c, best);
+        e->offset = 0;
+        return best;
+    }
+}
+
+static int coroutine_fn get(Qcow2Cache *c, uint64_t offset, void **table, bool read)
+{
+    for (;;) {
+        int i = lookup(c, offset);
+        if (i >= 0) {
+            Entry *e = &c->e[i];
+            if (e->busy && e->ref == 0) {
+                /* Still loading. */
+                qk_co_queue_wait(&e->waiters);
+                continue;
+            }
+            e->ref++;
+            e->lru = ++c->clock;
+            if (!read) {
+                memset(table_of(c, i), 0, c->table_size);
+            }
+            *table = table_of(c, i);
+            return 0;
+        }
+        i = get_victim(c);
+        if (i < 0) {
+            return i;
+        }
+        if (lookup(c, offset) >= 0) {
+            continue; /* someone loaded it while we made room */
+        }
+        Entry *e = &c->e[i];
+        e->offset = offset;
+        e->dirty = false;
+        e->lru = ++c->clock;
+        hash_insert(c, i);
+        if (read) {
+            e->busy = true;
+            int r = qk_co_pread(c->s->bs->file, offset, c->table_size, table_of(c, i), 0);
+            e->busy = false;
+            qk_co_queue_wake_all(&e->waiters);
+            if (r < 0) {
+                hash_remove(c, i);
+                e->offset = 0;
+                qk_co_queue_wake_all(&c->free_waiters);
+                return r;
+            }
+        } else {
+            memset(table_of(c, i), 0, c->table_size);
+        }
+        e->ref = 1;
+        *table = table_of(c, i);
+        return 0;
+    }
+}
+
+int coroutine_fn qcow2_cache_get(Qcow2Cache *c, uint64_t offset, void **table)
+{
+    return get(c, offset, table, true);
+}
+
+int coroutine_fn qcow2_cache_get_empty(Qcow2Cache *c, uint64_t offset, void **table)
+{
+    return get(c, offset, table, false);
+}
+
+void qcow2_cache_put(Qcow2Cache *c, void **table)
+{
+    int i = index_of(c, *table);
+    *table = NULL;
+    if (--c->e[i].ref == 0) {
+        qk_co_queue_wake_all(&c->free_waiters);
+    }
+}
+
+void qcow2_cache_mark_dirty(Qcow2Cache *c, void *table)
+{
+    Entry *e = &c->e[index_of(c, table)];
+    if (!e->dirty) {
+        e->dirty = true;
+        c->ndirty++;
+    }
+}
+
+int coroutine_fn qcow2_cache_write_one(Qcow2Cache *c, void *table)
+{
+    return write_entry(c, index_of(c, table));
+}
+
+int coroutine_fn qcow2_cache_flush(Qcow2Cache *c)
+{
+    int ret = 0;
+    for (unsigned i = 0; i < c->n && c->ndirty; i++) {
+        if (c->e[i].dirty) {
+            int r = write_entry(c, (int)i);
+            if (r < 0 && ret == 0) {
+                ret = r;
+            }
+        }
+    }
+    return ret;
+}
+
+void qcow2_cache_discard(Qcow2Cache *c, uint64_t offset)
+{
+    int i = lookup(c, offset);
+    if (i < 0) {
+        return;
+    }
+    Entry *e = &c->e[i];
+    if (e->dirty) {
+        e->dirty = false;
+        c->ndirty--;
+    }
+    if (e->ref == 0 && !e->busy) {
+        hash_remove(c, i);
+        e->offset = 0;
+    }
+}

@@ -1,0 +1,433 @@
+/*
+ * The qcow2 header: reading it, validating every field before anything
+ * trusts it, parsing header extensions (kept verbatim, unknown ones too),
+ * in-place updates of single fields (so unknown extensions and trailing
+ * header bytes are never rewritten), and building a header for create.
+ */
+#include "qcow2/qcow2_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct {
+    uint8_t type, bit;
+    const char *name;
+} feature_names[] = {
+    {0, 0, "dirty bit"},
+    {0, 1, "corrupt bit"},
+    {0, 2, "external data file"},
+    {0, 3, "compression type"},
+    {0, 4, "extended L2 entries"},
+    {1, 0, "lazy refcounts"},
+    {2, 0, "bitmaps"},
+    {2, 1, "raw external data"},
+};
+
+void qcow2_header_to_be(const Qcow2Header *h, uint8_t *b)
+{
+    memset(b, 0, QCOW2_HEADER_WRITE_LEN);
+    qcow2_st32(b + 0, h->magic);
+    qcow2_st32(b + 4, h->version);
+    qcow2_st64(b + 8, h->backing_file_offset);
+    qcow2_st32(b + 16, h->backing_file_size);
+    qcow2_st32(b + 20, h->cluster_bits);
+    qcow2_st64(b + 24, h->size);
+    qcow2_st32(b + 32, h->crypt_method);
+    qcow2_st32(b + 36, h->l1_size);
+    qcow2_st64(b + 40, h->l1_table_offset);
+    qcow2_st64(b + 48, h->refcount_table_offset);
+    qcow2_st32(b + 56, h->refcount_table_clusters);
+    qcow2_st32(b + 60, h->nb_snapshots);
+    qcow2_st64(b + 64, h->snapshots_offset);
+    qcow2_st64(b + 72, h->incompatible_features);
+    qcow2_st64(b + 80, h->compatible_features);
+    qcow2_st64(b + 88, h->autoclear_features);
+    qcow2_st32(b + 96, h->refcount_order);
+    qcow2_st32(b + 100, h->header_length);
+    b[104] = h->compression_type;
+}
+
+int coroutine_fn qcow2_read_header(QkBlock *file, Qcow2Header *h, uint8_t **cluster0,
+                                   uint64_t *file_len, QkError *err)
+{
+    int64_t len = qk_block_length(file);
+    if (len < 0) {
+        return qk_error_set_errno(err, (int)len, "Could not get file size");
+    }
+    *file_len = (uint64_t)len;
+    uint8_t b[QCOW2_HEADER_WRITE_LEN];
+    memset(b, 0, sizeof(b));
+    if ((uint64_t)len < QCOW2_HEADER_V2_LEN) {
+        return qk_error_corrupt(err, "header is truncated (file is %lld bytes)", (long long)len);
+    }
+    uint64_t n = QK_MIN((uint64_t)len, (uint64_t)sizeof(b));
+    int r = qk_co_pread(file, 0, n, b, 0);
+    if (r < 0) {
+        return qk_error_set_errno(err, r, "Could not read qcow2 header");
+    }
+    memset(h, 0, sizeof(*h));
+    h->magic = qcow2_ld32(b);
+    h->version = qcow2_ld32(b + 4);
+    if (h->magic != QCOW2_MAGIC) {
+        return qk_error_set(err, -EINVAL, "Image is not in qcow2 format");
+    }
+    if (h->version < 2 || h->version > 3) {
+        return qk_error_set(err, -ENOTSUP, "Unsupported qcow2 version %u", h->version);
+    }
+    h->backing_file_offset = qcow2_ld64(b + 8);
+    h->backing_file_size = qcow2_ld32(b + 16);
+    h->cluster_bits = qcow2_ld32(b + 20);
+    h->size = qcow2_ld64(b + 24);
+    h->crypt_method = qcow2_ld32(b + 32);
+    h->l1_size = qcow2_ld32(b + 36);
+    h->l1_table_offset = qcow2_ld64(b + 40);
+    h->refcount_table_offset = qcow2_ld64(b + 48);
+    h->refcount_table_clusters = qcow2_ld32(b + 56);
+    h->nb_snapshots = qcow2_ld32(b + 60);
+    h->snapshots_offset = qcow2_ld64(b + 64);
+    if (h->version == 2) {
+        h->refcount_order = 4;
+        h->header_length = QCOW2_HEADER_V2_LEN;
+    } else {
+        if ((uint64_t)len < QCOW2_HEADER_V3_LEN) {
+            return qk_error_corrupt(err, "header is truncated (file is %lld bytes)", (long long)len);
+        }
+        h->incompatible_features = qcow2_ld64(b + 72);
+        h->compatible_features = qcow2_ld64(b + 80);
+        h->autoclear_features = qcow2_ld64(b + 88);
+        h->refcount_order = qcow2_ld32(b + 96);
+        h->header_length = qcow2_ld32(b + 100);
+        if (h->header_length < QCOW2_HEADER_V3_LEN) {
+            return qk_error_corrupt(err, "header_length %u is too small", h->header_length);
+        }
+        if (h->header_length > 104) {
+            if ((uint64_t)len < 105) {
+                return qk_error_corrupt(err, "header is truncated");
+            }
+            h->compression_type = b[104];
+        }
+    }
+    if (h->cluster_bits < QCOW2_MIN_CLUSTER_BITS || h->cluster_bits > QCOW2_MAX_CLUSTER_BITS) {
+        return qk_error_corrupt(err, "cluster_bits %u is out of range (%d..%d)", h->cluster_bits,
+                                QCOW2_MIN_CLUSTER_BITS, QCOW2_MAX_CLUSTER_BITS);
+    }
+    uint64_t cs = 1ULL << h->cluster_bits;
+    if (h->header_length > cs) {
+        return qk_error_corrupt(err, "header_length %u exceeds the cluster size", h->header_length);
+    }
+    /* Cluster 0 holds the header, its extensions and the backing name. */
+    uint64_t c0len = QK_MIN(cs, (uint64_t)len);
+    uint8_t *c0 = calloc(1, cs);
+    if (!c0) {
+        return qk_error_set(err, -ENOMEM, "out of memory");
+    }
+    r = qk_co_pread(file, 0, c0len, c0, 0);
+    if (r < 0) {
+        free(c0);
+        return qk_error_set_errno(err, r, "Could not read qcow2 header");
+    }
+    *cluster0 = c0;
+    return 0;
+}
+
+/* Lists names of the bits in `bits` of feature `type`, from the image's
+ * own feature table when it has one, then from ours. */
+static void feature_list(const Qcow2State *s, int type, uint64_t bits, char *out, size_t outlen)
+{
+    size_t n = 0;
+    out[0] = 0;
+    for (int bit = 0; bit < 64; bit++) {
+        if (!(bits & (1ULL << bit))) {
+            continue;
+        }
+        char name[47] = "";
+        for (uint32_t i = 0; s->feature_table && i + 48 <= s->feature_table_len; i += 48) {
+            const uint8_t *e = s->feature_table + i;
+            if (e[0] == type && e[1] == bit) {
+                memcpy(name, e + 2, 46);
+                name[46] = 0;
+                break;
+            }
+        }
+        for (size_t i = 0; !name[0] && i < QK_ARRAY_SIZE(feature_names); i++) {
+            if (feature_names[i].type == type && feature_names[i].bit == bit) {
+                snprintf(name, sizeof(name), "%s", feature_names[i].name);
+            }
+        }
+        if (!name[0]) {
+            snprintf(name, sizeof(name), "Unknown incompatible feature: %llx", 1ULL << bit);
+        }
+        int w = snprintf(out + n, outlen - n, "%s%s", n ? ", " : "", name);
+        if (w < 0 || (size_t)w >= outlen - n) {
+            return;
+        }
+        n += (size_t)w;
+    }
+}
+
+/* Checks that a table of `bytes` at `off` is cluster aligned, inside the
+ * file and clear of the header cluster. */
+static int check_table(Qcow2State *s, const char *what, uint64_t off, uint64_t bytes,
+                       uint64_t file_len, QkError *err)
+{
+    if (bytes == 0) {
+        return 0;
+    }
+    if (!qk_is_aligned(off, s->cluster_size)) {
+        return qk_error_corrupt(err, "%s offset %#llx is not cluster aligned", what, (unsigned long long)off);
+    }
+    if (off < s->cluster_size) {
+        return qk_error_corrupt(err, "%s overlaps the image header", what);
+    }
+    if (!qk_range_within(off, bytes, file_len)) {
+        return qk_error_corrupt(err, "%s (offset %#llx, %llu bytes) lies past the end of the file",
+                                what, (unsigned long long)off, (unsigned long long)bytes);
+    }
+    return 0;
+}
+
+int qcow2_validate_header(Qcow2State *s, uint64_t file_len, bool rdwr, QkError *err)
+{
+    Qcow2Header *h = &s->h;
+    s->cluster_bits = h->cluster_bits;
+    s->cluster_size = 1ULL << h->cluster_bits;
+    if (h->crypt_method != 0) {
+        return qk_error_set(err, -ENOTSUP, "encrypted images are not supported");
+    }
+    uint64_t unknown = h->incompatible_features & ~QCOW2_INCOMPAT_KNOWN;
+    if (unknown) {
+        char names[400];
+        feature_list(s, 0, unknown, names, sizeof(names));
+        return qk_error_set(err, -ENOTSUP, "Unsupported qcow2 feature(s): %s", names);
+    }
+    if (h->incompatible_features & QCOW2_INCOMPAT_DATA_FILE) {
+        return qk_error_set(err, -ENOTSUP, "Unsupported qcow2 feature(s): external data file");
+    }
+    if ((h->incompatible_features & QCOW2_INCOMPAT_CORRUPT) && rdwr) {
+        return qk_error_set(err, -EACCES, "qcow2: Image is corrupt; cannot be opened read/write");
+    }
+    if (h->refcount_order > 6) {
+        return qk_error_corrupt(err, "refcount_order %u is out of range (0..6)", h->refcount_order);
+    }
+    if (h->compression_type > 1) {
+        return qk_error_set(err, -ENOTSUP, "Unknown compression type %u", h->compression_type);
+    }
+    if ((h->compression_type != 0) != !!(h->incompatible_features & QCOW2_INCOMPAT_COMPRESSION)) {
+        return qk_error_corrupt(err, "compression type %u does not match the compression type feature bit",
+                                h->compression_type);
+    }
+    s->extended_l2 = (h->incompatible_features & QCOW2_INCOMPAT_EXTL2) != 0;
+    if (s->extended_l2 && h->cluster_bits < 14) {
+        return qk_error_corrupt(err, "extended L2 entries need clusters of at least 16 KiB");
+    }
+    s->l2_entry_size = s->extended_l2 ? 16 : 8;
+    s->l2_bits = h->cluster_bits - (s->extended_l2 ? 4 : 3);
+    s->l2_entries = 1ULL << s->l2_bits;
+    s->sc_per_cluster = s->extended_l2 ? 32 : 1;
+    s->sc_bits = h->cluster_bits - (s->extended_l2 ? 5 : 0);
+    s->sc_size = 1ULL << s->sc_bits;
+    s->refcount_order = h->refcount_order;
+    s->refcount_bits = 1U << h->refcount_order;
+    s->refcount_max = s->refcount_bits == 64 ? (uint64_t)INT64_MAX : (1ULL << s->refcount_bits) - 1;
+    s->rb_bits = h->cluster_bits + 3 - h->refcount_order;
+    s->lazy_refcounts = (h->compatible_features & QCOW2_COMPAT_LAZY_REFCOUNTS) != 0;
+
+    if (h->size > (1ULL << 62)) {
+        return qk_error_corrupt(err, "virtual size %llu is too large", (unsigned long long)h->size);
+    }
+    uint64_t l1_bytes = (uint64_t)h->l1_size * 8;
+    if (l1_bytes > QCOW2_MAX_L1_BYTES) {
+        return qk_error_corrupt(err, "active L1 table too large (%u entries)", h->l1_size);
+    }
+    if (h->l1_size < qcow2_l1_needed(s, h->size)) {
+        return qk_error_corrupt(err, "L1 table is too small (%u entries) for the virtual size", h->l1_size);
+    }
+    int r = check_table(s, "L1 table", h->l1_table_offset, l1_bytes, file_len, err);
+    if (r < 0) {
+        return r;
+    }
+    if (h->refcount_table_clusters == 0) {
+        return qk_error_corrupt(err, "refcount table is empty");
+    }
+    uint64_t rt_bytes = (uint64_t)h->refcount_table_clusters << h->cluster_bits;
+    if (rt_bytes > QCOW2_MAX_REFTABLE_BYTES) {
+        return qk_error_corrupt(err, "refcount table too large (%u clusters)", h->refcount_table_clusters);
+    }
+    r = check_table(s, "refcount table", h->refcount_table_offset, rt_bytes, file_len, err);
+    if (r < 0) {
+        return r;
+    }
+    if (qk_ranges_overlap(h->l1_table_offset, l1_bytes, h->refcount_table_offset, rt_bytes)) {
+        return qk_error_corrupt(err, "L1 table and refcount table overlap");
+    }
+    if (h->nb_snapshots > QCOW2_MAX_SNAPSHOTS) {
+        return qk_error_corrupt(err, "too many snapshots (%u)", h->nb_snapshots);
+    }
+    if (h->nb_snapshots) {
+        /* Each entry is at least 40 bytes; the exact size is checked when read. */
+        r = check_table(s, "snapshot table", h->snapshots_offset, (uint64_t)h->nb_snapshots * 40,
+                        file_len, err);
+        if (r < 0) {
+            return r;
+        }
+    }
+    if (h->backing_file_offset) {
+        if (h->backing_file_size > QCOW2_MAX_BACKING_NAME) {
+            return qk_error_corrupt(err, "backing file name too long (%u bytes)", h->backing_file_size);
+        }
+        if (!qk_range_within(h->backing_file_offset, h->backing_file_size, s->cluster_size) ||
+            h->backing_file_offset < h->header_length) {
+            return qk_error_corrupt(err, "invalid backing file name offset %#llx",
+                                    (unsigned long long)h->backing_file_offset);
+        }
+        if (!qk_range_within(h->backing_file_offset, h->backing_file_size, file_len)) {
+            return qk_error_corrupt(err, "backing file name lies past the end of the file");
+        }
+    }
+    return 0;
+}
+
+int qcow2_parse_extensions(Qcow2State *s, const uint8_t *c0, char **backing_fmt, QkError *err)
+{
+    const Qcow2Header *h = &s->h;
+    uint64_t pos = h->header_length;
+    /* Extensions end before the backing name, or at the end of cluster 0. */
+    uint64_t end = h->backing_file_offset ? h->backing_file_offset : s->cluster_size;
+    Qcow2Ext **tail = &s->exts;
+    *backing_fmt = NULL;
+    while (pos + 8 <= end) {
+        uint32_t type = qcow2_ld32(c0 + pos);
+        uint32_t len = qcow2_ld32(c0 + pos + 4);
+        pos += 8;
+        if (type == QCOW2_EXT_END) {
+            break;
+        }
+        if (!qk_range_within(pos, len, end)) {
+            return qk_error_corrupt(err, "header extension %#x (%u bytes) overruns the header area", type, len);
+        }
+        Qcow2Ext *e = calloc(1, sizeof(*e));
+        if (!e || !(e->data = malloc(len ? len : 1))) {
+            free(e);
+            return qk_error_set(err, -ENOMEM, "out of memory");
+        }
+        e->type = type;
+        e->len = len;
+        memcpy(e->data, c0 + pos, len);
+        *tail = e;
+        tail = &e->next;
+        if (type == QCOW2_EXT_BACKING_FORMAT) {
+            if (len > 1023) {
+                return qk_error_corrupt(err, "backing format name too long");
+            }
+            free(*backing_fmt);
+            *backing_fmt = strndup((const char *)e->data, len);
+        } else if (type == QCOW2_EXT_FEATURE_TABLE) {
+            s->feature_table = e->data;
+            s->feature_table_len = len;
+        }
+        pos += qk_align_up(len, 8);
+    }
+    return 0;
+}
+
+void qcow2_free_extensions(Qcow2State *s)
+{
+    while (s->exts) {
+        Qcow2Ext *e = s->exts;
+        s->exts = e->next;
+        free(e->data);
+        free(e);
+    }
+    s->feature_table = NULL;
+}
+
+/* Rewrites header bytes [off, off+len) from the in-memory header. Only
+ * fields that exist in this header's version are ever passed. */
+int coroutine_fn qcow2_write_header_field(Qcow2State *s, unsigned off, unsigned len)
+{
+    uint8_t b[QCOW2_HEADER_WRITE_LEN];
+    if (s->read_only) {
+        return -EACCES;
+    }
+    if (off + len > s->h.header_length) {
+        return -EINVAL;
+    }
+    qcow2_header_to_be(&s->h, b);
+    return qk_co_pwrite(s->bs->file, off, len, b + off, 0);
+}
+
+int coroutine_fn qcow2_set_incompat(Qcow2State *s, uint64_t incompat)
+{
+    if (!qcow2_is_v3(s)) {
+        return 0;
+    }
+    uint64_t old = s->h.incompatible_features;
+    s->h.incompatible_features = incompat;
+    int r = qcow2_write_header_field(s, QCOW2_HOFF_INCOMPAT, 8);
+    if (r < 0) {
+        s->h.incompatible_features = old;
+    }
+    return r;
+}
+
+static int put_ext(uint8_t *buf, size_t buflen, size_t *pos, uint32_t type, const void *data, uint32_t len)
+{
+    size_t need = 8 + qk_align_up(len, 8);
+    if (*pos + need > buflen) {
+        return -1;
+    }
+    qcow2_st32(buf + *pos, type);
+    qcow2_st32(buf + *pos + 4, len);
+    memset(buf + *pos + 8, 0, qk_align_up(len, 8));
+    if (len) {
+        memcpy(buf + *pos + 8, data, len);
+    }
+    *pos += need;
+    return 0;
+}
+
+int qcow2_build_header(const Qcow2Header *hin, const char *backing, const char *backing_fmt,
+                       uint8_t *buf, size_t buflen, QkError *err)
+{
+    Qcow2Header h = *hin;
+    memset(buf, 0, buflen);
+    size_t pos = h.version >= 3 ? QCOW2_HEADER_WRITE_LEN : QCOW2_HEADER_V2_LEN;
+    h.header_length = h.version >= 3 ? QCOW2_HEADER_WRITE_LEN : 0;
+    int bad = 0;
+    if (backing_fmt) {
+        bad |= put_ext(buf, buflen, &pos, QCOW2_EXT_BACKING_FORMAT, backing_fmt, (uint32_t)strlen(backing_fmt));
+    }
+    /* Like qemu-img, leave small header clusters room for a long backing
+     * file name instead of the (optional) feature name table. */
+    bool want_table = h.version >= 3 && buflen > 4096;
+    if (want_table) {
+        uint8_t table[QK_ARRAY_SIZE(feature_names) * 48];
+        memset(table, 0, sizeof(table));
+        for (size_t i = 0; i < QK_ARRAY_SIZE(feature_names); i++) {
+            table[i * 48] = feature_names[i].type;
+            table[i * 48 + 1] = feature_names[i].bit;
+            memcpy(table + i * 48 + 2, feature_names[i].name, strlen(feature_names[i].name));
+        }
+        bad |= put_ext(buf, buflen, &pos, QCOW2_EXT_FEATURE_TABLE, table, sizeof(table));
+    }
+    if (backing_fmt || h.version >= 3) {
+        bad |= put_ext(buf, buflen, &pos, QCOW2_EXT_END, NULL, 0);
+    }
+    if (bad) {
+        return qk_error_set(err, -EINVAL, "header extensions do not fit in one cluster");
+    }
+    if (backing) {
+        size_t bl = strlen(backing);
+        if (bl > QCOW2_MAX_BACKING_NAME || pos + bl > buflen) {
+            return qk_error_set(err, -EINVAL, "backing file name too long");
+        }
+        h.backing_file_offset = pos;
+        h.backing_file_size = (uint32_t)bl;
+        memcpy(buf + pos, backing, bl);
+    }
+    uint8_t hb[QCOW2_HEADER_WRITE_LEN];
+    qcow2_header_to_be(&h, hb);
+    memcpy(buf, hb, h.version >= 3 ? QCOW2_HEADER_WRITE_LEN : QCOW2_HEADER_V2_LEN);
+    return 0;
+}

@@ -1,0 +1,271 @@
+/*
+ * Guest-to-host mapping: L1/L2 lookup with standard (8-byte) and extended
+ * (16-byte, 32 subclusters) L2 entries, classification of what a guest
+ * range maps to, getting an L2 table ready for update (allocating it, or
+ * copying it when a snapshot shares it), and growing the L1 table.
+ */
+#include "qcow2/qcow2_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+uint64_t qcow2_l1_needed(const Qcow2State *s, uint64_t size)
+{
+    /* bytes one L1 entry maps = cluster_size * l2_entries */
+    unsigned shift = s->cluster_bits + s->l2_bits;
+    return (size + (1ULL << shift) - 1) >> shift;
+}
+
+uint64_t qcow2_l2_get(const Qcow2State *s, const void *table, uint64_t i, uint64_t *bitmap)
+{
+    const uint8_t *t = table;
+    if (s->extended_l2) {
+        *bitmap = qcow2_ld64(t + 16 * i + 8);
+        return qcow2_ld64(t + 16 * i);
+    }
+    *bitmap = 0;
+    return qcow2_ld64(t + 8 * i);
+}
+
+void qcow2_l2_set(const Qcow2State *s, void *table, uint64_t i, uint64_t e, uint64_t bitmap)
+{
+    uint8_t *t = table;
+    if (s->extended_l2) {
+        qcow2_st64(t + 16 * i, e);
+        qcow2_st64(t + 16 * i + 8, bitmap);
+    } else {
+        qcow2_st64(t + 8 * i, e);
+    }
+}
+
+/* Classifies subcluster sc (0 with standard L2) of an entry. */
+static int classify(const Qcow2State *s, uint64_t e, uint64_t bitmap, unsigned sc, Qcow2Type *type,
+                    uint64_t *host)
+{
+    if (e & QCOW2_OFLAG_COMPRESSED) {
+        *type = QCOW2_COMPRESSED;
+        *host = 0;
+        return 0;
+    }
+    uint64_t off = e & QCOW2_L2E_OFFSET_MASK;
+    if (off & (s->cluster_size - 1)) {
+        return -QK_ECORRUPT;
+    }
+    if (!s->extended_l2) {
+        if (e & QCOW2_OFLAG_ZERO) {
+            *type = off ? QCOW2_ZERO_ALLOC : QCOW2_ZERO_PLAIN;
+        } else {
+            *type = off ? QCOW2_NORMAL : QCOW2_UNALLOC;
+        }
+        *host = off;
+        return 0;
+    }
+    bool alloc = (bitmap >> sc) & 1, zero = (bitmap >> (32 + sc)) & 1;
+    if ((alloc && zero) || (alloc && !off)) {
+        return -QK_ECORRUPT;
+    }
+    if (zero) {
+        *type = off ? QCOW2_ZERO_ALLOC : QCOW2_ZERO_PLAIN;
+        *host = off ? off + ((uint64_t)sc << s->sc_bits) : 0;
+    } else if (alloc) {
+        *type = QCOW2_NORMAL;
+        *host = off + ((uint64_t)sc << s->sc_bits);
+    } else {
+        *type = QCOW2_UNALLOC;
+        *host = 0;
+    }
+    return 0;
+}
+
+int coroutine_fn qcow2_get_extent(Qcow2State *s, uint64_t off, uint64_t max_bytes, Qcow2Extent *ext)
+{
+    uint64_t cl = off >> s->cluster_bits;
+    uint64_t l1i = cl >> s->l2_bits;
+    /* Never look past the end of this L2 table. */
+    uint64_t table_end = (l1i + 1) << (s->l2_bits + s->cluster_bits);
+    uint64_t limit = QK_MIN(max_bytes, table_end - off);
+    memset(ext, 0, sizeof(*ext));
+    uint64_t l2off = l1i < s->l1_size ? s->l1[l1i] & QCOW2_L1E_OFFSET_MASK : 0;
+    if (!l2off) {
+        ext->type = QCOW2_UNALLOC;
+        ext->bytes = limit;
+        return 0;
+    }
+    if (!qk_is_aligned(l2off, s->cluster_size)) {
+        return -QK_ECORRUPT;
+    }
+    void *t;
+    int r = qcow2_cache_get(s->l2_cache, l2off, &t);
+    if (r < 0) {
+        return r;
+    }
+    uint64_t unit_mask = s->sc_size - 1;
+    uint64_t pos = off;          /* guest position being classified */
+    uint64_t done = 0;
+    while (done < limit) {
+        uint64_t c = pos >> s->cluster_bits;
+        uint64_t bm;
+        uint64_t e = qcow2_l2_get(s, t, c & (s->l2_entries - 1), &bm);
+        unsigned sc = (unsigned)((pos & (s->cluster_size - 1)) >> s->sc_bits);
+        Qcow2Type type;
+        uint64_t host;
+        r = classify(s, e, bm, sc, &type, &host);
+        if (r < 0) {
+            break;
+        }
+        uint64_t in_unit = pos & unit_mask;
+        uint64_t n = QK_MIN(s->sc_size - in_unit, limit - done);
+        if (type == QCOW2_COMPRESSED) {
+            n = QK_MIN(s->cluster_size - (pos & (s->cluster_size - 1)), limit - done);
+        }
+        bool copied = (e & QCOW2_OFLAG_COPIED) != 0;
+        if (done == 0) {
+            ext->type = type;
+            ext->host = host ? host + in_unit : 0;
+            ext->l2e = e;
+            ext->copied = copied;
+        } else {
+            if (type != ext->type || type == QCOW2_COMPRESSED) {
+                break;
+            }
+            if (type == QCOW2_NORMAL || type == QCOW2_ZERO_ALLOC) {
+                if (host != ext->host + done || copied != ext->copied) {
+                    break;
+                }
+            }
+        }
+        done += n;
+        pos += n;
+    }
+    qcow2_cache_put(s->l2_cache, &t);
+    if (r < 0) {
+        return r;
+    }
+    ext->bytes = done;
+    return 0;
+}
+
+int coroutine_fn qcow2_write_l1_entry(Qcow2State *s, uint64_t i)
+{
+    uint8_t b[8];
+    qcow2_st64(b, s->l1[i]);
+    return qk_co_pwrite(s->bs->file, s->l1_offset + i * 8, 8, b, 0);
+}
+
+int coroutine_fn qcow2_get_l2_for_write(Qcow2State *s, uint64_t l1i, void **table)
+{
+    if (l1i >= s->l1_size) {
+        return -EINVAL;
+    }
+    uint64_t l1e = s->l1[l1i];
+    uint64_t old = l1e & QCOW2_L1E_OFFSET_MASK;
+    if (old && !qk_is_aligned(old, s->cluster_size)) {
+        return -QK_ECORRUPT;
+    }
+    if (old && (l1e & QCOW2_OFLAG_COPIED)) {
+        return qcow2_cache_get(s->l2_cache, old, table);
+    }
+    int64_t newoff = qcow2_alloc_clusters(s, 1);
+    if (newoff < 0) {
+        return (int)newoff;
+    }
+    void *nt;
+    int r = qcow2_cache_get_empty(s->l2_cache, (uint64_t)newoff, &nt);
+    if (r < 0) {
+        return r;
+    }
+    if (old) {
+        /* Shared with a snapshot: copy, the snapshot keeps the original. */
+        void *ot;
+        r = qcow2_cache_get(s->l2_cache, old, &ot);
+        if (r < 0) {
+            qcow2_cache_put(s->l2_cache, &nt);
+            return r;
+        }
+        memcpy(nt, ot, s->cluster_size);
+        qcow2_cache_put(s->l2_cache, &ot);
+    }
+    qcow2_cache_mark_dirty(s->l2_cache, nt);
+    /* The table must be on disk (after its refcount) before L1 points to it. */
+    r = qcow2_cache_write_one(s->l2_cache, nt);
+    if (r == 0) {
+        s->l1[l1i] = (uint64_t)newoff | QCOW2_OFLAG_COPIED;
+        r = qcow2_write_l1_entry(s, l1i);
+        if (r < 0) {
+            s->l1[l1i] = l1e;
+        }
+    }
+    if (r == 0 && old) {
+        r = qcow2_update_refcount(s, old, s->cluster_size, -1);
+    }
+    if (r < 0) {
+        qcow2_cache_put(s->l2_cache, &nt);
+        return r;
+    }
+    *table = nt;
+    return 0;
+}
+
+int coroutine_fn qcow2_grow_l1(Qcow2State *s, uint64_t min_size, QkError *err)
+{
+    if (min_size <= s->l1_size) {
+        return 0;
+    }
+    if (min_size * 8 > QCOW2_MAX_L1_BYTES) {
+        return qk_error_set(err, -EFBIG, "L1 table would be too large");
+    }
+    uint64_t new_size = min_size;
+    uint64_t bytes = new_size * 8;
+    uint64_t nclusters = QK_DIV_ROUND_UP(bytes, s->cluster_size);
+    uint64_t *nl1 = calloc(1, nclusters * s->cluster_size);
+    uint64_t *be = calloc(1, nclusters * s->cluster_size);
+    if (!nl1 || !be) {
+        free(nl1);
+        free(be);
+        return qk_error_set(err, -ENOMEM, "out of memory");
+    }
+    if (s->l1_size) {
+        memcpy(nl1, s->l1, (size_t)s->l1_size * 8);
+    }
+    for (uint64_t i = 0; i < new_size; i++) {
+        qcow2_st64(&be[i], nl1[i]);
+    }
+    int64_t off = qcow2_alloc_clusters(s, nclusters);
+    int r = off < 0 ? (int)off : 0;
+    if (r == 0) {
+        /* Refcounts for the new table first, then the table, then the header. */
+        r = qcow2_cache_flush(s->rb_cache);
+    }
+    if (r == 0) {
+        r = qk_co_pwrite(s->bs->file, (uint64_t)off, bytes, be, 0);
+    }
+    if (r == 0) {
+        r = qk_co_flush(s->bs->file);
+    }
+    uint64_t old_off = s->l1_offset, old_size = s->l1_size;
+    if (r == 0) {
+        s->h.l1_size = (uint32_t)new_size;
+        s->h.l1_table_offset = (uint64_t)off;
+        r = qcow2_write_header_field(s, QCOW2_HOFF_L1, 12);
+        if (r < 0) {
+            s->h.l1_size = (uint32_t)old_size;
+            s->h.l1_table_offset = old_off;
+        }
+    }
+    free(be);
+    if (r < 0) {
+        free(nl1);
+        if (off >= 0) {
+            qcow2_free_clusters(s, (uint64_t)off, nclusters * s->cluster_size);
+        }
+        return qk_error_set_errno(err, r, "Could not grow the L1 table");
+    }
+    free(s->l1);
+    s->l1 = nl1;
+    s->l1_size = (uint32_t)new_size;
+    s->l1_offset = (uint64_t)off;
+    if (old_size) {
+        r = qcow2_free_clusters(s, old_off, old_size * 8);
+    }
+    return r < 0 ? qk_error_set_errno(err, r, "Could not free the old L1 table") : 0;
+}

@@ -1,0 +1,270 @@
+/*
+ * Internal state of the qcow2 driver, shared by its files: the parsed
+ * header, the in-memory L1 and refcount tables, the metadata caches and
+ * the list of requests in flight. Nothing outside src/qcow2 includes this.
+ */
+#ifndef QK_QCOW2_QCOW2_INT_H
+#define QK_QCOW2_QCOW2_INT_H
+
+#include <endian.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "aio/co_sync.h"
+#include "block/block.h"
+#include "qcow2/qcow2.h"
+#include "util/checked.h"
+#include "util/error.h"
+
+#define QCOW2_MAGIC 0x514649fbU
+
+#define QCOW2_MIN_CLUSTER_BITS 9
+#define QCOW2_MAX_CLUSTER_BITS 21
+#define QCOW2_MAX_L1_BYTES (32ULL << 20)
+#define QCOW2_MAX_REFTABLE_BYTES (8ULL << 20)
+#define QCOW2_MAX_SNAPSHOTS 65536
+#define QCOW2_MAX_SNAPSHOT_TABLE_BYTES (64ULL << 20)
+#define QCOW2_MAX_BACKING_NAME 1023
+/* Host offsets must fit the 56-bit offset fields of L1/L2 entries. */
+#define QCOW2_MAX_HOST_OFFSET (1ULL << 56)
+
+#define QCOW2_INCOMPAT_DIRTY (1ULL << 0)
+#define QCOW2_INCOMPAT_CORRUPT (1ULL << 1)
+#define QCOW2_INCOMPAT_DATA_FILE (1ULL << 2)
+#define QCOW2_INCOMPAT_COMPRESSION (1ULL << 3)
+#define QCOW2_INCOMPAT_EXTL2 (1ULL << 4)
+#define QCOW2_INCOMPAT_KNOWN 0x1fULL
+#define QCOW2_COMPAT_LAZY_REFCOUNTS (1ULL << 0)
+#define QCOW2_AUTOCLEAR_BITMAPS (1ULL << 0)
+#define QCOW2_AUTOCLEAR_DATA_FILE_RAW (1ULL << 1)
+
+#define QCOW2_EXT_END 0x00000000U
+#define QCOW2_EXT_BACKING_FORMAT 0xe2792acaU
+#define QCOW2_EXT_FEATURE_TABLE 0x6803f857U
+#define QCOW2_EXT_BITMAPS 0x23852875U
+#define QCOW2_EXT_CRYPTO 0x0537be77U
+#define QCOW2_EXT_DATA_FILE 0x44415441U
+
+#define QCOW2_OFLAG_COPIED (1ULL << 63)
+#define QCOW2_OFLAG_COMPRESSED (1ULL << 62)
+#define QCOW2_OFLAG_ZERO 1ULL
+#define QCOW2_L1E_OFFSET_MASK 0x00fffffffffffe00ULL
+#define QCOW2_L1E_RESERVED 0x7f000000000001ffULL
+#define QCOW2_L2E_OFFSET_MASK 0x00fffffffffffe00ULL
+#define QCOW2_L2E_RESERVED 0x3f000000000001feULL
+#define QCOW2_REFT_OFFSET_MASK 0xfffffffffffffe00ULL
+#define QCOW2_BITMAP_ALL_ALLOC 0x00000000ffffffffULL
+#define QCOW2_BITMAP_ALL_ZERO 0xffffffff00000000ULL
+
+#define QCOW2_HEADER_V2_LEN 72
+#define QCOW2_HEADER_V3_LEN 104
+#define QCOW2_HEADER_WRITE_LEN 112
+
+/* Header field byte offsets, for in-place field updates. */
+#define QCOW2_HOFF_SIZE 24
+#define QCOW2_HOFF_L1 36            /* l1_size + l1_table_offset */
+#define QCOW2_HOFF_REFTABLE 48      /* refcount_table_offset + clusters */
+#define QCOW2_HOFF_INCOMPAT 72
+#define QCOW2_HOFF_AUTOCLEAR 88
+
+typedef struct Qcow2State Qcow2State;
+typedef struct Qcow2Cache Qcow2Cache;
+
+/* The parsed fixed header, in host byte order. */
+typedef struct Qcow2Header {
+    uint32_t magic;
+    uint32_t version;
+    uint64_t backing_file_offset;
+    uint32_t backing_file_size;
+    uint32_t cluster_bits;
+    uint64_t size;
+    uint32_t crypt_method;
+    uint32_t l1_size;
+    uint64_t l1_table_offset;
+    uint64_t refcount_table_offset;
+    uint32_t refcount_table_clusters;
+    uint32_t nb_snapshots;
+    uint64_t snapshots_offset;
+    uint64_t incompatible_features;
+    uint64_t compatible_features;
+    uint64_t autoclear_features;
+    uint32_t refcount_order;
+    uint32_t header_length;
+    uint8_t compression_type;
+} Qcow2Header;
+
+/* What one unit (a cluster, or a subcluster with extended L2) maps to. */
+typedef enum Qcow2Type {
+    QCOW2_UNALLOC,       /* this layer has nothing: backing or zeros */
+    QCOW2_ZERO_PLAIN,    /* reads as zero, no host cluster */
+    QCOW2_ZERO_ALLOC,    /* reads as zero, host cluster kept */
+    QCOW2_NORMAL,        /* data at a host offset */
+    QCOW2_COMPRESSED,
+} Qcow2Type;
+
+/* A run of guest bytes with one kind of mapping (host-contiguous for NORMAL). */
+typedef struct Qcow2Extent {
+    Qcow2Type type;
+    uint64_t host;       /* host offset of the first byte (NORMAL, ZERO_ALLOC) */
+    uint64_t l2e;        /* raw L2 entry (COMPRESSED) */
+    uint64_t bytes;
+    bool copied;         /* NORMAL: refcount is exactly 1, writable in place */
+} Qcow2Extent;
+
+/* A request in flight. Plain ones (reads, writes into allocated clusters)
+ * only wait for exclusive ones (allocating writes, zeroing, discard) that
+ * overlap; exclusive ones wait for anything overlapping. */
+typedef struct Qcow2Req {
+    uint64_t start, end;
+    bool exclusive;
+    QkCoQueue waiters;
+    struct Qcow2Req *prev, *next;
+} Qcow2Req;
+
+typedef struct Qcow2Ext {
+    uint32_t type;
+    uint32_t len;
+    uint8_t *data;
+    struct Qcow2Ext *next;
+} Qcow2Ext;
+
+struct Qcow2State {
+    QkBlock *bs;
+    Qcow2Header h;
+    bool read_only;
+
+    uint32_t cluster_bits;
+    uint64_t cluster_size;
+    bool extended_l2;
+    uint32_t l2_entry_size;     /* 8, or 16 with extended L2 */
+    uint32_t l2_bits;           /* log2 of entries per L2 table */
+    uint64_t l2_entries;
+    uint32_t sc_bits;           /* log2 of the mapping unit: subcluster or cluster */
+    uint64_t sc_size;
+    uint32_t sc_per_cluster;    /* 32 with extended L2, else 1 */
+
+    uint32_t refcount_order;
+    uint32_t refcount_bits;
+    uint64_t refcount_max;
+    uint32_t rb_bits;           /* log2 of refcount entries per block */
+
+    uint64_t *l1;               /* host order */
+    uint32_t l1_size;
+    uint64_t l1_offset;
+
+    uint64_t *rt;               /* refcount table, host order */
+    uint64_t rt_size;           /* entries in memory */
+    uint64_t rt_offset;
+    uint32_t rt_clusters;
+    uint64_t rt_disk_size;      /* entries of the table on disk at rt_offset */
+
+    Qcow2Ext *exts;             /* every header extension, as read */
+    uint8_t *feature_table;     /* raw feature name table, or NULL */
+    uint32_t feature_table_len;
+
+    Qcow2Cache *l2_cache;
+    Qcow2Cache *rb_cache;
+    QkCoMutex lock;             /* metadata changes */
+
+    uint64_t free_hint;         /* lowest cluster index that may be free */
+    uint64_t reserved_start, reserved_end;  /* clusters the free search skips */
+    uint64_t host_end;          /* end of the highest cluster ever allocated */
+    uint64_t file_size;         /* host file size as we last set or saw it */
+    bool file_grown;            /* we extended the file ahead of use */
+
+    bool lazy_refcounts;
+    bool dirty_set_by_us;
+    bool strict_alloc_deps;
+
+    Qcow2Req *reqs;
+    uint8_t *zero_buf;          /* one cluster of zeros, shared */
+};
+
+static inline Qcow2State *qcow2_state(QkBlock *bs) { return bs->opaque; }
+static inline uint64_t qcow2_offset_into_cluster(const Qcow2State *s, uint64_t off) { return off & (s->cluster_size - 1); }
+static inline uint64_t qcow2_cluster_index(const Qcow2State *s, uint64_t off) { return off >> s->cluster_bits; }
+static inline bool qcow2_is_v3(const Qcow2State *s) { return s->h.version >= 3; }
+
+/* header.c */
+int qcow2_read_header(QkBlock *file, Qcow2Header *h, uint8_t **cluster0, uint64_t *file_len, QkError *err);
+int qcow2_validate_header(Qcow2State *s, uint64_t file_len, bool rdwr, QkError *err);
+int qcow2_parse_extensions(Qcow2State *s, const uint8_t *cluster0, char **backing_fmt, QkError *err);
+void qcow2_free_extensions(Qcow2State *s);
+int coroutine_fn qcow2_write_header_field(Qcow2State *s, unsigned off, unsigned len);
+int coroutine_fn qcow2_set_incompat(Qcow2State *s, uint64_t incompat);
+/* Serialises a fresh header cluster for create. */
+int qcow2_build_header(const Qcow2Header *h, const char *backing, const char *backing_fmt,
+                       uint8_t *buf, size_t buflen, QkError *err);
+void qcow2_header_to_be(const Qcow2Header *h, uint8_t *buf);
+
+/* cache.c */
+Qcow2Cache *qcow2_cache_new(Qcow2State *s, unsigned entries);
+void qcow2_cache_free(Qcow2Cache *c);
+void qcow2_cache_set_dependency(Qcow2Cache *c, Qcow2Cache *dep);
+int coroutine_fn qcow2_cache_get(Qcow2Cache *c, uint64_t offset, void **table);
+int coroutine_fn qcow2_cache_get_empty(Qcow2Cache *c, uint64_t offset, void **table);
+void qcow2_cache_put(Qcow2Cache *c, void **table);
+void qcow2_cache_mark_dirty(Qcow2Cache *c, void *table);
+int coroutine_fn qcow2_cache_write_one(Qcow2Cache *c, void *table);
+int coroutine_fn qcow2_cache_flush(Qcow2Cache *c);
+bool qcow2_cache_has_dirty(const Qcow2Cache *c);
+/* Forgets a table whose cluster was freed (dirty contents are dropped). */
+void qcow2_cache_discard(Qcow2Cache *c, uint64_t offset);
+
+/* refcount.c */
+int coroutine_fn qcow2_get_refcount(Qcow2State *s, uint64_t cluster, uint64_t *rc);
+int coroutine_fn qcow2_update_refcount(Qcow2State *s, uint64_t off, uint64_t len, int64_t addend);
+/* Allocates n contiguous clusters (refcount 1); returns the host offset or -errno. */
+int64_t coroutine_fn qcow2_alloc_clusters(Qcow2State *s, uint64_t n);
+int coroutine_fn qcow2_free_clusters(Qcow2State *s, uint64_t off, uint64_t len);
+/* Drops the reference an L2 entry holds (normal, zero-allocated or compressed). */
+int coroutine_fn qcow2_free_l2_entry(Qcow2State *s, uint64_t l2e);
+uint64_t qcow2_rb_get(const Qcow2State *s, const void *block, uint64_t i);
+void qcow2_rb_set(const Qcow2State *s, void *block, uint64_t i, uint64_t v);
+int coroutine_fn qcow2_write_rt_entry(Qcow2State *s, uint64_t ti);
+/* Makes sure the host file reaches end (grows it ahead in big steps). */
+int coroutine_fn qcow2_ensure_file_size(Qcow2State *s, uint64_t end);
+
+/* map.c */
+int coroutine_fn qcow2_get_extent(Qcow2State *s, uint64_t off, uint64_t max_bytes, Qcow2Extent *ext);
+/* Pins the L2 table for l1_index ready for update (allocating or copying it). */
+int coroutine_fn qcow2_get_l2_for_write(Qcow2State *s, uint64_t l1_index, void **table);
+uint64_t qcow2_l2_get(const Qcow2State *s, const void *table, uint64_t i, uint64_t *bitmap);
+void qcow2_l2_set(const Qcow2State *s, void *table, uint64_t i, uint64_t e, uint64_t bitmap);
+int coroutine_fn qcow2_write_l1_entry(Qcow2State *s, uint64_t i);
+int coroutine_fn qcow2_grow_l1(Qcow2State *s, uint64_t min_size, QkError *err);
+uint64_t qcow2_l1_needed(const Qcow2State *s, uint64_t size);
+void qcow2_compressed_range(const Qcow2State *s, uint64_t l2e, uint64_t *host, uint64_t *len);
+
+/* req.c (in write.c) */
+void coroutine_fn qcow2_req_begin(Qcow2State *s, Qcow2Req *r, uint64_t start, uint64_t end, bool exclusive);
+void qcow2_req_end(Qcow2State *s, Qcow2Req *r);
+int coroutine_fn qcow2_mark_dirty(Qcow2State *s);
+
+/* read.c */
+int coroutine_fn qcow2_read_unlocked(Qcow2State *s, uint64_t off, uint64_t bytes, QkIov *qiov, size_t qoff);
+int coroutine_fn qcow2_co_preadv(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov, size_t qoff, int flags);
+
+/* write.c */
+int coroutine_fn qcow2_co_pwritev(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov, size_t qoff, int flags);
+
+/* zero.c */
+int coroutine_fn qcow2_co_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t bytes, int flags);
+int coroutine_fn qcow2_co_pdiscard(QkBlock *bs, uint64_t off, uint64_t bytes);
+
+/* create.c */
+int coroutine_fn qcow2_co_create(const char *filename, const QkCreateOptions *opts, QkError *err);
+int coroutine_fn qcow2_preallocate(Qcow2State *s, uint64_t from, uint64_t to, QkPrealloc mode, QkError *err);
+
+/* qcow2.c */
+int coroutine_fn qcow2_flush_caches(Qcow2State *s);
+
+/* Big-endian helpers. */
+static inline uint64_t qcow2_ld64(const void *p) { uint64_t v; __builtin_memcpy(&v, p, 8); return be64toh(v); }
+static inline uint32_t qcow2_ld32(const void *p) { uint32_t v; __builtin_memcpy(&v, p, 4); return be32toh(v); }
+static inline uint16_t qcow2_ld16(const void *p) { uint16_t v; __builtin_memcpy(&v, p, 2); return be16toh(v); }
+static inline void qcow2_st64(void *p, uint64_t v) { v = htobe64(v); __builtin_memcpy(p, &v, 8); }
+static inline void qcow2_st32(void *p, uint32_t v) { v = htobe32(v); __builtin_memcpy(p, &v, 4); }
+static inline void qcow2_st16(void *p, uint16_t v) { v = htobe16(v); __builtin_memcpy(p, &v, 2); }
+
+#endif

@@ -1,0 +1,454 @@
+/*
+ * Refcounts: the refcount table and blocks of every width (1..64 bits),
+ * refcount updates, growing the refcount table, and allocation of host
+ * clusters (first-fit search from a hint, contiguous runs for multi-cluster
+ * writes). Every caller holds s->lock.
+ */
+#include "qcow2/qcow2_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+uint64_t qcow2_rb_get(const Qcow2State *s, const void *block, uint64_t i)
+{
+    const uint8_t *b = block;
+    switch (s->refcount_order) {
+    case 0: return (b[i / 8] >> (i % 8)) & 1;
+    case 1: return (b[i / 4] >> (2 * (i % 4))) & 3;
+    case 2: return (b[i / 2] >> (4 * (i % 2))) & 15;
+    case 3: return b[i];
+    case 4: return qcow2_ld16(b + 2 * i);
+    case 5: return qcow2_ld32(b + 4 * i);
+    default: return qcow2_ld64(b + 8 * i);
+    }
+}
+
+void qcow2_rb_set(const Qcow2State *s, void *block, uint64_t i, uint64_t v)
+{
+    uint8_t *b = block;
+    unsigned shift, mask;
+    switch (s->refcount_order) {
+    case 0: shift = i % 8; mask = 1; b += i / 8; break;
+    case 1: shift = 2 * (i % 4); mask = 3; b += i / 4; break;
+    case 2: shift = 4 * (i % 2); mask = 15; b += i / 2; break;
+    case 3: b[i] = (uint8_t)v; return;
+    case 4: qcow2_st16(b + 2 * i, (uint16_t)v); return;
+    case 5: qcow2_st32(b + 4 * i, (uint32_t)v); return;
+    default: qcow2_st64(b + 8 * i, v); return;
+    }
+    *b = (uint8_t)((*b & ~(mask << shift)) | ((v & mask) << shift));
+}
+
+static uint64_t rb_mask(const Qcow2State *s)
+{
+    return (1ULL << s->rb_bits) - 1;
+}
+
+/* Loads the refcount block at offset, checking it is sane first. */
+static int coroutine_fn get_block(Qcow2State *s, uint64_t ti, void **block)
+{
+    uint64_t off = s->rt[ti] & QCOW2_REFT_OFFSET_MASK;
+    if (!qk_is_aligned(off, s->cluster_size) || off == 0) {
+        return -QK_ECORRUPT;
+    }
+    return qcow2_cache_get(s->rb_cache, off, block);
+}
+
+int coroutine_fn qcow2_get_refcount(Qcow2State *s, uint64_t cluster, uint64_t *rc)
+{
+    uint64_t ti = cluster >> s->rb_bits;
+    if (ti >= s->rt_size || !(s->rt[ti] & QCOW2_REFT_OFFSET_MASK)) {
+        *rc = 0;
+        return 0;
+    }
+    void *b;
+    int r = get_block(s, ti, &b);
+    if (r < 0) {
+        return r;
+    }
+    *rc = qcow2_rb_get(s, b, cluster & rb_mask(s));
+    qcow2_cache_put(s->rb_cache, &b);
+    return 0;
+}
+
+int coroutine_fn qcow2_write_rt_entry(Qcow2State *s, uint64_t ti)
+{
+    if (ti >= s->rt_disk_size) {
+        return 0; /* the table being built is written whole later */
+    }
+    uint8_t b[8];
+    qcow2_st64(b, s->rt[ti]);
+    return qk_co_pwrite(s->bs->file, s->rt_offset + ti * 8, 8, b, 0);
+}
+
+int coroutine_fn qcow2_ensure_file_size(Qcow2State *s, uint64_t end)
+{
+    if (end > s->host_end) {
+        s->host_end = end;
+    }
+    if (end <= s->file_size) {
+        return 0;
+    }
+    /* Grow ahead so that small writes into new clusters do not each pay
+     * for extending the file; close trims the excess. */
+    uint64_t step = QK_MAX(QK_MIN(s->file_size / 8, 64ULL << 20), 1ULL << 20);
+    uint64_t target = qk_align_up(end, s->cluster_size) + step;
+    QkError err = {0};
+    int r = qk_co_truncate(s->bs->file, target, QK_PREALLOC_OFF, &err);
+    if (r < 0) {
+        return r;
+    }
+    s->file_size = target;
+    s->file_grown = true;
+    return 0;
+}
+
+static int coroutine_fn grow_table(Qcow2State *s, uint64_t need_ti);
+
+/* First-fit search for n free clusters. */
+static int coroutine_fn find_free(Qcow2State *s, uint64_t n, uint64_t *start)
+{
+    uint64_t c = QK_MAX(s->free_hint, 1);
+    uint64_t run_start = c, run = 0;
+    bool hint_set = false;
+    for (;;) {
+        if (c >= s->reserved_start && c < s->reserved_end) {
+            c = s->reserved_end;
+            run = 0;
+            continue;
+        }
+        if (((c + 1) << s->cluster_bits) > QCOW2_MAX_HOST_OFFSET) {
+            return -EFBIG;
+        }
+        uint64_t ti = c >> s->rb_bits;
+        uint64_t range_end = (ti + 1) << s->rb_bits;
+        if (s->reserved_end > c && s->reserved_start < range_end) {
+            range_end = QK_MAX(c + 1, s->reserved_start);
+        }
+        if (ti >= s->rt_size || !(s->rt[ti] & QCOW2_REFT_OFFSET_MASK)) {
+            if (!hint_set) {
+                s->free_hint = c;
+                hint_set = true;
+            }
+            if (run == 0) {
+                run_start = c;
+            }
+            if (run + (range_end - c) >= n) {
+                *start = run_start;
+                return 0;
+            }
+            run += range_end - c;
+            c = range_end;
+            continue;
+        }
+        void *b;
+        int r = get_block(s, ti, &b);
+        if (r < 0) {
+            return r;
+        }
+        for (; c < range_end; c++) {
+            if (qcow2_rb_get(s, b, c & rb_mask(s)) == 0) {
+                if (!hint_set) {
+                    s->free_hint = c;
+                    hint_set = true;
+                }
+                if (run++ == 0) {
+                    run_start = c;
+                }
+                if (run == n) {
+                    qcow2_cache_put(s->rb_cache, &b);
+                    *start = run_start;
+                    return 0;
+                }
+            } else {
+                run = 0;
+            }
+        }
+        qcow2_cache_put(s->rb_cache, &b);
+    }
+}
+
+/* Gives range ti a refcount block. */
+static int coroutine_fn alloc_block(Qcow2State *s, uint64_t ti)
+{
+    for (;;) {
+        uint64_t b;
+        int r = find_free(s, 1, &b);
+        if (r < 0) {
+            return r;
+        }
+        uint64_t tb = b >> s->rb_bits;
+        if (tb >= s->rt_size) {
+            r = grow_table(s, tb);
+            if (r < 0) {
+                return r;
+            }
+            continue;
+        }
+        bool self = tb == ti || !(s->rt[tb] & QCOW2_REFT_OFFSET_MASK);
+        if (!self) {
+            /* b is counted by an existing block. */
+            r = qcow2_update_refcount(s, b << s->cluster_bits, s->cluster_size, 1);
+            if (r < 0) {
+                return r;
+            }
+        }
+        void *blk;
+        r = qcow2_cache_get_empty(s->rb_cache, b << s->cluster_bits, &blk);
+        if (r < 0) {
+            return r;
+        }
+        if (self) {
+            /* The new block covers its own cluster. */
+            qcow2_rb_set(s, blk, b & rb_mask(s), 1);
+        }
+        qcow2_cache_mark_dirty(s->rb_cache, blk);
+        r = qcow2_cache_write_one(s->rb_cache, blk);
+        qcow2_cache_put(s->rb_cache, &blk);
+        if (r < 0) {
+            return r;
+        }
+        r = qk_co_flush(s->bs->file);
+        if (r < 0) {
+            return r;
+        }
+        uint64_t t = self ? tb : ti;
+        s->rt[t] = b << s->cluster_bits;
+        r = qcow2_write_rt_entry(s, t);
+        if (r < 0) {
+            return r;
+        }
+        r = qcow2_ensure_file_size(s, (b + 1) << s->cluster_bits);
+        if (r < 0) {
+            return r;
+        }
+        if (t == ti) {
+            return 0;
+        }
+    }
+}
+
+/* Replaces the refcount table with a bigger one covering need_ti. */
+static int coroutine_fn grow_table(Qcow2State *s, uint64_t need_ti)
+{
+    uint64_t per_cluster = s->cluster_size / 8;
+    uint64_t want = QK_MAX(need_ti + 1, s->rt_size + s->rt_size / 2);
+    for (;;) {
+        uint64_t nclusters = QK_DIV_ROUND_UP(want, per_cluster);
+        if (nclusters * s->cluster_size > QCOW2_MAX_REFTABLE_BYTES) {
+            return -EFBIG;
+        }
+        uint64_t start;
+        int r = find_free(s, nclusters, &start);
+        if (r < 0) {
+            return r;
+        }
+        /* The table, and a few blocks after it, must be covered by itself. */
+        uint64_t last_ti = (start + nclusters + 64) >> s->rb_bits;
+        if (last_ti >= nclusters * per_cluster) {
+            want = last_ti + 1;
+            continue;
+        }
+        uint64_t entries = nclusters * per_cluster;
+        uint64_t *nt = calloc(entries, 8);
+        if (!nt) {
+            return -ENOMEM;
+        }
+        memcpy(nt, s->rt, s->rt_size * 8);
+        uint64_t *old = s->rt;
+        uint64_t old_off = s->rt_offset, old_clusters = s->rt_clusters;
+        s->rt = nt;
+        s->rt_size = entries;
+        uint64_t saved_rs = s->reserved_start, saved_re = s->reserved_end;
+        s->reserved_start = start;
+        s->reserved_end = start + nclusters;
+        r = qcow2_update_refcount(s, start << s->cluster_bits, nclusters << s->cluster_bits, 1);
+        s->reserved_start = saved_rs;
+        s->reserved_end = saved_re;
+        if (r == 0) {
+            r = qcow2_cache_flush(s->rb_cache);
+        }
+        uint64_t *be = NULL;
+        if (r == 0) {
+            be = malloc(entries * 8);
+            r = be ? 0 : -ENOMEM;
+        }
+        if (r == 0) {
+            for (uint64_t i = 0; i < entries; i++) {
+                qcow2_st64(&be[i], nt[i]);
+            }
+            r = qcow2_ensure_file_size(s, (start + nclusters) << s->cluster_bits);
+        }
+        if (r == 0) {
+            r = qk_co_pwrite(s->bs->file, start << s->cluster_bits, entries * 8, be, 0);
+        }
+        free(be);
+        if (r == 0) {
+            r = qk_co_flush(s->bs->file);
+        }
+        if (r == 0) {
+            s->h.refcount_table_offset = start << s->cluster_bits;
+            s->h.refcount_table_clusters = (uint32_t)nclusters;
+            r = qcow2_write_header_field(s, QCOW2_HOFF_REFTABLE, 12);
+        }
+        if (r < 0) {
+            /* Keep the bigger in-memory table: refcounts already moved into it. */
+            s->h.refcount_table_offset = old_off;
+            s->h.refcount_table_clusters = old_clusters;
+            free(old);
+            return r;
+        }
+        s->rt_offset = start << s->cluster_bits;
+        s->rt_clusters = (uint32_t)nclusters;
+        s->rt_disk_size = entries;
+        free(old);
+        r = qk_co_flush(s->bs->file);
+        if (r == 0) {
+            r = qcow2_free_clusters(s, old_off, (uint64_t)old_clusters << s->cluster_bits);
+        }
+        return r;
+    }
+}
+
+int coroutine_fn qcow2_update_refcount(Qcow2State *s, uint64_t off, uint64_t len, int64_t addend)
+{
+    if (len == 0) {
+        return 0;
+    }
+    uint64_t first = off >> s->cluster_bits;
+    uint64_t last = (off + len - 1) >> s->cluster_bits;
+    void *b = NULL;
+    uint64_t cur_ti = UINT64_MAX;
+    int r = 0;
+    for (uint64_t c = first; c <= last; c++) {
+        uint64_t ti = c >> s->rb_bits;
+        if (ti != cur_ti) {
+            if (b) {
+                qcow2_cache_put(s->rb_cache, &b);
+            }
+            if (ti >= s->rt_size) {
+                if (addend < 0) {
+                    r = -QK_ECORRUPT;
+                    break;
+                }
+                r = grow_table(s, ti);
+                if (r < 0) {
+                    break;
+                }
+            }
+            if (!(s->rt[ti] & QCOW2_REFT_OFFSET_MASK)) {
+                if (addend < 0) {
+                    r = -QK_ECORRUPT;
+                    break;
+                }
+                r = alloc_block(s, ti);
+                if (r < 0) {
+                    break;
+                }
+            }
+            r = get_block(s, ti, &b);
+            if (r < 0) {
+                break;
+            }
+            cur_ti = ti;
+        }
+        uint64_t i = c & rb_mask(s);
+        uint64_t v = qcow2_rb_get(s, b, i);
+        uint64_t nv;
+        if (addend < 0 ? (uint64_t)-addend > v : (s->refcount_max - v) < (uint64_t)addend) {
+            r = -QK_ECORRUPT; /* the image's refcounts cannot be right */
+            break;
+        }
+        nv = v + (uint64_t)addend;
+        qcow2_rb_set(s, b, i, nv);
+        qcow2_cache_mark_dirty(s->rb_cache, b);
+        if (nv == 0) {
+            if (c < s->free_hint) {
+                s->free_hint = c;
+            }
+            /* A freed table must never be written back over new data. */
+            qcow2_cache_discard(s->l2_cache, c << s->cluster_bits);
+            if ((c << s->cluster_bits) != (s->rt[ti] & QCOW2_REFT_OFFSET_MASK)) {
+                qcow2_cache_discard(s->rb_cache, c << s->cluster_bits);
+            }
+        }
+    }
+    if (b) {
+        qcow2_cache_put(s->rb_cache, &b);
+    }
+    return r;
+}
+
+int64_t coroutine_fn qcow2_alloc_clusters(Qcow2State *s, uint64_t n)
+{
+    for (;;) {
+        uint64_t start;
+        int r = find_free(s, n, &start);
+        if (r < 0) {
+            return r;
+        }
+        uint64_t hint = s->free_hint;
+        s->reserved_start = start;
+        s->reserved_end = start + n;
+        r = qcow2_update_refcount(s, start << s->cluster_bits, n << s->cluster_bits, 1);
+        s->reserved_start = s->reserved_end = 0;
+        if (r < 0) {
+            return r;
+        }
+        /* Allocating refcount blocks may have used part of the run. */
+        bool clash = false;
+        for (uint64_t c = start; c < start + n && !clash; c++) {
+            uint64_t rc;
+            r = qcow2_get_refcount(s, c, &rc);
+            if (r < 0) {
+                return r;
+            }
+            clash = rc != 1;
+        }
+        if (clash) {
+            r = qcow2_update_refcount(s, start << s->cluster_bits, n << s->cluster_bits, -1);
+            if (r < 0) {
+                return r;
+            }
+            continue;
+        }
+        if (hint == start) {
+            s->free_hint = start + n;
+        }
+        r = qcow2_ensure_file_size(s, (start + n) << s->cluster_bits);
+        if (r < 0) {
+            return r;
+        }
+        return (int64_t)(start << s->cluster_bits);
+    }
+}
+
+int coroutine_fn qcow2_free_clusters(Qcow2State *s, uint64_t off, uint64_t len)
+{
+    return qcow2_update_refcount(s, qk_align_down(off, s->cluster_size),
+                                 qk_align_up(off + len, s->cluster_size) - qk_align_down(off, s->cluster_size),
+                                 -1);
+}
+
+void qcow2_compressed_range(const Qcow2State *s, uint64_t l2e, uint64_t *host, uint64_t *len)
+{
+    unsigned shift = 62 - (s->cluster_bits - 8);
+    uint64_t nsec = ((l2e >> shift) & ((1ULL << (s->cluster_bits - 8)) - 1)) + 1;
+    *host = l2e & ((1ULL << shift) - 1);
+    /* The sector count is from the start of the host offset's sector. */
+    *len = nsec * 512 - (*host & 511);
+}
+
+int coroutine_fn qcow2_free_l2_entry(Qcow2State *s, uint64_t l2e)
+{
+    if (l2e & QCOW2_OFLAG_COMPRESSED) {
+        uint64_t host, len;
+        qcow2_compressed_range(s, l2e, &host, &len);
+        return qcow2_free_clusters(s, host, len);
+    }
+    uint64_t off = l2e & QCOW2_L2E_OFFSET_MASK;
+    if (!off) {
+        return 0;
+    }
+    return qcow2_update_refcount(s, off, s->cluster_size, -1);
+}

@@ -1,0 +1,192 @@
+/*
+ * Zero writes and discard. Whole clusters are handled in the L2 tables
+ * (zero flag on v3, freeing host clusters on unmap or discard); partial
+ * clusters at the edges of a zero write are written as zeros unless they
+ * already read as zeros. v2 images have no zero flag: zero writes fall
+ * back to the block layer's generic path.
+ */
+#include "qcow2/qcow2_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { MODE_ZERO, MODE_ZERO_UNMAP, MODE_DISCARD };
+
+/* Updates the entries of clusters [c, c+n), all in one L2 table. */
+static int coroutine_fn modify_table(Qcow2State *s, uint64_t c, uint64_t n, int mode)
+{
+    QkBlock *bs = s->bs;
+    uint64_t l1i = c >> s->l2_bits;
+    uint64_t i0 = c & (s->l2_entries - 1);
+    if (l1i >= s->l1_size) {
+        return 0;
+    }
+    if (!(s->l1[l1i] & QCOW2_L1E_OFFSET_MASK) && !bs->backing) {
+        return 0; /* nothing here and nothing below */
+    }
+    int r = qcow2_mark_dirty(s);
+    void *t;
+    if (r == 0) {
+        r = qcow2_get_l2_for_write(s, l1i, &t);
+    }
+    if (r < 0) {
+        return r;
+    }
+    bool changed = false;
+    for (uint64_t k = 0; k < n && r == 0; k++) {
+        uint64_t bm;
+        uint64_t old = qcow2_l2_get(s, t, i0 + k, &bm);
+        uint64_t host = old & QCOW2_L2E_OFFSET_MASK;
+        bool compressed = (old & QCOW2_OFLAG_COMPRESSED) != 0;
+        bool has_host = compressed || host;
+        uint64_t ne, nbm;
+        bool free_old;
+        if (mode == MODE_DISCARD) {
+            if (!bs->backing && !has_host) {
+                continue; /* already reads as zeros */
+            }
+            if (s->extended_l2) {
+                ne = 0;
+                nbm = QCOW2_BITMAP_ALL_ZERO;
+            } else {
+                ne = qcow2_is_v3(s) ? QCOW2_OFLAG_ZERO : 0;
+                nbm = 0;
+            }
+            free_old = has_host;
+        } else if (mode == MODE_ZERO_UNMAP || compressed || (host && !(old & QCOW2_OFLAG_COPIED))) {
+            ne = s->extended_l2 ? 0 : QCOW2_OFLAG_ZERO;
+            nbm = s->extended_l2 ? QCOW2_BITMAP_ALL_ZERO : 0;
+            free_old = has_host;
+        } else {
+            /* Keep the host cluster for later writes. */
+            ne = s->extended_l2 ? old : (old | QCOW2_OFLAG_ZERO);
+            nbm = s->extended_l2 ? QCOW2_BITMAP_ALL_ZERO : 0;
+            free_old = false;
+        }
+        if (ne == old && nbm == bm) {
+            continue;
+        }
+        qcow2_l2_set(s, t, i0 + k, ne, nbm);
+        changed = true;
+        if (free_old) {
+            r = qcow2_free_l2_entry(s, old);
+            if (r == 0 && !compressed && mode != MODE_ZERO) {
+                uint64_t rc;
+                r = qcow2_get_refcount(s, host >> s->cluster_bits, &rc);
+                if (r == 0 && rc == 0) {
+                    /* Give the space back to the host; nothing can reuse the
+                     * cluster before we drop s->lock. */
+                    qk_co_pdiscard(bs->file, host, s->cluster_size);
+                }
+            }
+        }
+    }
+    if (changed) {
+        qcow2_cache_mark_dirty(s->l2_cache, t);
+    }
+    qcow2_cache_put(s->l2_cache, &t);
+    return r;
+}
+
+static int coroutine_fn modify_range(Qcow2State *s, uint64_t start, uint64_t end, int mode)
+{
+    while (start < end) {
+        uint64_t c = start >> s->cluster_bits;
+        uint64_t table_end_c = ((c >> s->l2_bits) + 1) << s->l2_bits;
+        uint64_t n = QK_MIN((end - start) >> s->cluster_bits, table_end_c - c);
+        Qcow2Req req;
+        qcow2_req_begin(s, &req, start, start + (n << s->cluster_bits), true);
+        qk_co_mutex_lock(&s->lock);
+        int r = modify_table(s, c, n, mode);
+        qk_co_mutex_unlock(&s->lock);
+        qcow2_req_end(s, &req);
+        if (r < 0) {
+            return r;
+        }
+        start += n << s->cluster_bits;
+    }
+    return 0;
+}
+
+/* True when [off, off+len) already reads as zeros from this image. */
+static int coroutine_fn reads_as_zero(Qcow2State *s, uint64_t off, uint64_t len)
+{
+    while (len) {
+        Qcow2Extent ext;
+        int r = qcow2_get_extent(s, off, len, &ext);
+        if (r < 0) {
+            return r;
+        }
+        bool z = ext.type == QCOW2_ZERO_PLAIN || ext.type == QCOW2_ZERO_ALLOC ||
+                 (ext.type == QCOW2_UNALLOC && !s->bs->backing);
+        if (!z) {
+            return 0;
+        }
+        off += ext.bytes;
+        len -= ext.bytes;
+    }
+    return 1;
+}
+
+static int coroutine_fn zero_partial(Qcow2State *s, uint64_t off, uint64_t len)
+{
+    if (!len) {
+        return 0;
+    }
+    int z = reads_as_zero(s, off, len);
+    if (z != 0) {
+        return z < 0 ? z : 0;
+    }
+    /* zero_buf is one cluster: repeat it. */
+    QkIov q;
+    qk_iov_init(&q, (int)(len / s->cluster_size) + 2);
+    for (uint64_t done = 0; done < len;) {
+        uint64_t n = QK_MIN(len - done, s->cluster_size);
+        qk_iov_add(&q, s->zero_buf, n);
+        done += n;
+    }
+    int r = qcow2_co_pwritev(s->bs, off, len, &q, 0, 0);
+    qk_iov_destroy(&q);
+    return r;
+}
+
+int coroutine_fn qcow2_co_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t bytes, int flags)
+{
+    Qcow2State *s = qcow2_state(bs);
+    if (!qcow2_is_v3(s)) {
+        return -ENOTSUP;
+    }
+    uint64_t cs = s->cluster_size;
+    uint64_t end = off + bytes;
+    /* The last cluster may stick out past the virtual size: zero it whole. */
+    uint64_t end_al = end == bs->size ? qk_align_up(end, cs) : qk_align_down(end, cs);
+    uint64_t start_al = qk_align_up(off, cs);
+    if (start_al >= end_al) {
+        /* Inside one cluster. */
+        return zero_partial(s, off, bytes);
+    }
+    int r = zero_partial(s, off, start_al - off);
+    if (r == 0) {
+        r = modify_range(s, start_al, end_al, (flags & QK_REQ_MAY_UNMAP) ? MODE_ZERO_UNMAP : MODE_ZERO);
+    }
+    if (r == 0 && end < end_al) {
+        return 0;
+    }
+    if (r == 0) {
+        r = zero_partial(s, end_al, end - end_al);
+    }
+    return r;
+}
+
+int coroutine_fn qcow2_co_pdiscard(QkBlock *bs, uint64_t off, uint64_t bytes)
+{
+    Qcow2State *s = qcow2_state(bs);
+    uint64_t cs = s->cluster_size;
+    uint64_t end = off + bytes;
+    uint64_t end_al = end == bs->size ? qk_align_up(end, cs) : qk_align_down(end, cs);
+    uint64_t start_al = qk_align_up(off, cs);
+    if (start_al >= end_al) {
+        return 0; /* discard is advisory */
+    }
+    return modify_range(s, start_al, end_al, MODE_DISCARD);
+}
