@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages that building, testing and benchmarking qcowkit
+# need. Safe to run again: it installs only what is missing.
+set -euo pipefail
+
+pkgs=(
+  build-essential pkg-config meson ninja-build
+  liburing-dev zlib1g-dev libzstd-dev libjansson-dev
+  libnbd-dev libnbd-bin
+  qemu-utils fio time iproute2 gnuplot-nox python3
+)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "deps: installing ${missing[*]}" >&2
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

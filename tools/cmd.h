@@ -1,0 +1,51 @@
+/*
+ * The qcowkit command table. Each subcommand lives in tools/cmd_NAME.c and
+ * exposes one entry point plus its usage text; main.c dispatches.
+ * Commands return the process exit status.
+ */
+#ifndef QK_TOOLS_CMD_H
+#define QK_TOOLS_CMD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "block/block.h"
+
+typedef struct QkCommand {
+    const char *name;
+    const char *summary;
+    const char *usage;     /* full help text for `qcowkit help NAME` */
+    int (*run)(int argc, char **argv);
+} QkCommand;
+
+extern const QkCommand qk_cmd_create;
+extern const QkCommand qk_cmd_info;
+extern const QkCommand qk_cmd_io;
+extern const QkCommand qk_cmd_bench;
+extern const QkCommand qk_cmd_map;
+extern const QkCommand qk_cmd_check;
+
+/* Shared helpers for commands (tools/common.c). */
+/* Prints "qcowkit: <msg>" to stderr. */
+void qk_tool_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Parses a size argument or reports "Invalid <what> specified" and returns -1. */
+int qk_tool_parse_size(const char *arg, const char *what, uint64_t *out);
+/* Reports an unknown option / missing argument in getopt style and returns 1. */
+int qk_tool_bad_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Parses --output=human|json; reports and returns -1 on anything else. */
+int qk_tool_parse_output(const char *cmd, const char *arg, bool *json);
+/* Prints j the way qemu-img prints JSON (4-space indent, key order kept). */
+void qk_tool_print_json(json_t *j);
+/* Opens an image; on failure err holds the reason. */
+QkBlock *qk_tool_open(const char *filename, const char *fmt, int flags, QkError *err);
+/* Prints qemu-img's "Format specific information:" block (qcow2 only). */
+void qk_tool_print_format_specific(const QkImageInfo *info);
+/* A backing file name as recorded in `image`, made usable from the current
+ * directory (relative names are relative to the image). Caller frees. */
+char *qk_tool_backing_path(const char *image, const char *backing);
+/* The program name used in messages. */
+extern const char *qk_progname;
+
+#endif

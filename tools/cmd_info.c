@@ -1,0 +1,188 @@
+/*
+ * qcowkit info: what qemu-img info shows, in its human layout or its JSON
+ * keys, for one image or (--backing-chain) for every layer. Each layer is
+ * opened on its own without its backing, so a missing backing file does
+ * not stop `info` from describing the image that names it.
+ */
+#include "cmd.h"
+#include "util/size.h"
+
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const usage_text =
+    "Usage: qcowkit info [-f FMT] [--output=human|json] [--backing-chain] [-U] FILE\n"
+    "\n"
+    "Shows an image's format, sizes, backing file and format options.\n"
+    "  -f FMT            image format (default: probe)\n"
+    "  --output=FMT      human (default) or json\n"
+    "  --backing-chain   describe every image of the backing chain\n"
+    "  -U                force shared access\n";
+
+static void print_human(const char *filename, const QkImageInfo *info, const char *full_backing)
+{
+    char buf[64];
+    printf("image: %s\n", filename);
+    printf("file format: %s\n", info->format);
+    printf("virtual size: %s (%" PRIu64 " bytes)\n",
+           qk_format_size(info->virtual_size, buf, sizeof(buf)), info->virtual_size);
+    if (info->actual_size >= 0) {
+        printf("disk size: %s\n", qk_format_size((uint64_t)info->actual_size, buf, sizeof(buf)));
+    } else {
+        printf("disk size: unavailable\n");
+    }
+    if (info->cluster_size) {
+        printf("cluster_size: %u\n", info->cluster_size);
+    }
+    if (info->backing_file) {
+        printf("backing file: %s", info->backing_file);
+        if (full_backing && strcmp(full_backing, info->backing_file) != 0) {
+            printf(" (actual path: %s)", full_backing);
+        }
+        printf("\n");
+        if (info->backing_format) {
+            printf("backing file format: %s\n", info->backing_format);
+        }
+    }
+    if (info->dirty) {
+        printf("cleanly shut down: no\n");
+    }
+    qk_tool_print_format_specific(info);
+}
+
+/* Keys in the order qemu-img prints them. */
+static json_t *to_json(const char *filename, const QkImageInfo *info, const char *full_backing)
+{
+    json_t *o = json_object();
+    if (info->backing_file && info->backing_format) {
+        json_object_set_new(o, "backing-filename-format", json_string(info->backing_format));
+    }
+    json_object_set_new(o, "virtual-size", json_integer((json_int_t)info->virtual_size));
+    json_object_set_new(o, "filename", json_string(filename));
+    if (info->cluster_size) {
+        json_object_set_new(o, "cluster-size", json_integer(info->cluster_size));
+    }
+    json_object_set_new(o, "format", json_string(info->format));
+    if (info->actual_size >= 0) {
+        json_object_set_new(o, "actual-size", json_integer(info->actual_size));
+    }
+    if (info->qcow2_version) {
+        json_t *d = json_object();
+        bool v3 = info->qcow2_version >= 3;
+        json_object_set_new(d, "compat", json_string(v3 ? "1.1" : "0.10"));
+        json_object_set_new(d, "compression-type",
+                            json_string(info->compression_type ? info->compression_type : "zlib"));
+        if (v3) {
+            json_object_set_new(d, "lazy-refcounts", json_boolean(info->lazy_refcounts));
+        }
+        json_object_set_new(d, "refcount-bits", json_integer(info->refcount_bits));
+        if (v3) {
+            json_object_set_new(d, "corrupt", json_boolean(info->corrupt));
+            json_object_set_new(d, "extended-l2", json_boolean(info->extended_l2));
+        }
+        json_t *fs = json_object();
+        json_object_set_new(fs, "type", json_string("qcow2"));
+        json_object_set_new(fs, "data", d);
+        json_object_set_new(o, "format-specific", fs);
+    }
+    if (info->backing_file) {
+        json_object_set_new(o, "full-backing-filename",
+                            json_string(full_backing ? full_backing : info->backing_file));
+        json_object_set_new(o, "backing-filename", json_string(info->backing_file));
+    }
+    json_object_set_new(o, "dirty-flag", json_boolean(info->dirty));
+    return o;
+}
+
+static int run(int argc, char **argv)
+{
+    enum { OPT_OUTPUT = 256, OPT_CHAIN };
+    static const struct option longopts[] = {
+        {"help", no_argument, NULL, 'h'},
+        {"format", required_argument, NULL, 'f'},
+        {"output", required_argument, NULL, OPT_OUTPUT},
+        {"backing-chain", no_argument, NULL, OPT_CHAIN},
+        {"force-share", no_argument, NULL, 'U'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *fmt = NULL;
+    bool json = false, chain = false;
+    int flags = QK_OPEN_NO_BACKING;
+    int c;
+    opterr = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, ":f:hU", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'f': fmt = optarg; break;
+        case 'U': flags |= QK_OPEN_FORCE_SHARE; break;
+        case OPT_OUTPUT:
+            if (qk_tool_parse_output("info", optarg, &json) < 0) {
+                return 1;
+            }
+            break;
+        case OPT_CHAIN: chain = true; break;
+        case 'h': fputs(usage_text, stdout); return 0;
+        case ':': return qk_tool_bad_usage("info", "option '%s' needs an argument", argv[optind - 1]);
+        default: return qk_tool_bad_usage("info", "unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind != argc - 1) {
+        return qk_tool_bad_usage("info", optind >= argc ? "Expecting one image file name"
+                                                       : "Expecting one image file name");
+    }
+    json_t *list = json_array();
+    char *name = strdup(argv[optind]);
+    char *layer_fmt = fmt ? strdup(fmt) : NULL;
+    int ret = 0;
+    for (int depth = 0; name; depth++) {
+        if (depth > 64) {
+            qk_tool_error("Backing chain of '%s' is too deep (a loop?)", argv[optind]);
+            ret = 1;
+            break;
+        }
+        QkError err = {0};
+        QkBlock *bs = qk_tool_open(name, layer_fmt, flags, &err);
+        if (!bs) {
+            qk_tool_error("Could not open '%s': %s", name, err.msg);
+            ret = 1;
+            break;
+        }
+        QkImageInfo info;
+        qk_block_get_info(bs, &info);
+        char *full = info.backing_file ? qk_tool_backing_path(name, info.backing_file) : NULL;
+        if (json) {
+            json_array_append_new(list, to_json(name, &info, full));
+        } else {
+            if (depth > 0) {
+                printf("\n");
+            }
+            print_human(name, &info, full);
+        }
+        /* The next layer is opened with the format this one records. */
+        free(layer_fmt);
+        layer_fmt = info.backing_format ? strdup(info.backing_format) : NULL;
+        qk_block_close(bs);
+        free(name);
+        name = chain ? full : NULL;
+        if (!chain) {
+            free(full);
+        }
+    }
+    free(name);
+    free(layer_fmt);
+    if (json && ret == 0) {
+        qk_tool_print_json(chain ? list : json_array_get(list, 0));
+    }
+    json_decref(list);
+    return ret;
+}
+
+const QkCommand qk_cmd_info = {
+    .name = "info",
+    .summary = "show an image's format, sizes and backing file",
+    .usage = usage_text,
+    .run = run,
+};

@@ -1,0 +1,214 @@
+/*
+ * qcowkit map: where each range of the guest disk comes from, across the
+ * backing chain, in qemu-img map's human table or JSON list. Each extent
+ * is asked of the top layer first and of lower layers only where the
+ * layers above leave it unallocated.
+ */
+#include "cmd.h"
+#include "aio/loop.h"
+#include "util/size.h"
+
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const usage_text =
+    "Usage: qcowkit map [-f FMT] [--output=human|json] [--start-offset=OFF]\n"
+    "                   [--max-length=LEN] [-U] FILE\n"
+    "\n"
+    "Lists the image's extents: which layer of the backing chain holds each\n"
+    "range and where in which host file (human: data extents only; json: all).\n";
+
+typedef struct Extent {
+    uint64_t start, length;
+    int depth;
+    bool present, zero, data, has_offset;
+    uint64_t offset;
+    const char *file;
+} Extent;
+
+typedef struct MapRun {
+    QkBlock *bs;
+    uint64_t start, end;
+    bool json;
+    int ret;
+} MapRun;
+
+/* Status of the extent at off, from the first layer that has it. */
+static int coroutine_fn get_extent(QkBlock *top, uint64_t off, uint64_t bytes, Extent *e)
+{
+    int depth = 0;
+    for (QkBlock *b = top; b; b = b->backing, depth++) {
+        uint64_t n, map = 0;
+        QkBlock *file = NULL;
+        int r = qk_co_block_status(b, off, bytes, &n, &map, &file);
+        if (r < 0) {
+            return r;
+        }
+        if (r & QK_BS_EOF || n == 0) {
+            /* Past the end of a shorter backing file: reads as zeros. */
+            *e = (Extent){.start = off, .length = bytes, .depth = depth, .zero = true};
+            return 0;
+        }
+        if (r & QK_BS_ALLOCATED || !b->backing) {
+            bool present = r & QK_BS_ALLOCATED;
+            *e = (Extent){
+                .start = off, .length = n, .depth = depth, .present = present,
+                /* Unallocated all the way down reads as zeros. */
+                .zero = (r & QK_BS_ZERO) || !present,
+                .data = r & QK_BS_DATA,
+                .has_offset = (r & QK_BS_OFFSET_VALID) && file,
+                .offset = map,
+                .file = file ? file->filename : NULL,
+            };
+            return 0;
+        }
+        bytes = n;
+    }
+    return -EIO;
+}
+
+static bool mergeable(const Extent *a, const Extent *b)
+{
+    if (a->depth != b->depth || a->present != b->present || a->zero != b->zero ||
+        a->data != b->data || a->has_offset != b->has_offset) {
+        return false;
+    }
+    if (a->has_offset && (a->offset + a->length != b->offset || a->file != b->file)) {
+        return false;
+    }
+    return true;
+}
+
+static void print_extent(const Extent *e, bool json, bool first)
+{
+    if (json) {
+        printf("%s{ \"start\": %" PRIu64 ", \"length\": %" PRIu64 ", \"depth\": %d, \"present\": %s,"
+               " \"zero\": %s, \"data\": %s",
+               first ? "[" : ",\n", e->start, e->length, e->depth, e->present ? "true" : "false",
+               e->zero ? "true" : "false", e->data ? "true" : "false");
+        if (e->has_offset) {
+            printf(", \"offset\": %" PRIu64, e->offset);
+        }
+        printf("}");
+        return;
+    }
+    /* The human table lists only ranges with data at a known host place. */
+    if (e->data && e->has_offset) {
+        char a[32], b[32], c[32];
+        snprintf(a, sizeof(a), "%#" PRIx64, e->start);
+        snprintf(b, sizeof(b), "%#" PRIx64, e->length);
+        snprintf(c, sizeof(c), "%#" PRIx64, e->offset);
+        printf("%-16s%-16s%-16s%s\n", a, b, c, e->file);
+    }
+}
+
+static void coroutine_fn map_entry(void *opaque)
+{
+    MapRun *m = opaque;
+    Extent cur = {0}, next;
+    bool have = false, first = true;
+    if (!m->json) {
+        printf("%-16s%-16s%-16s%s\n", "Offset", "Length", "Mapped to", "File");
+    }
+    for (uint64_t off = m->start; off < m->end; off += next.length) {
+        /* Ask in chunks so a huge image never needs one giant answer. */
+        uint64_t want = m->end - off < (1ULL << 30) ? m->end - off : (1ULL << 30);
+        int r = get_extent(m->bs, off, want, &next);
+        if (r < 0) {
+            fflush(stdout);
+            qk_tool_error("Could not read file metadata: %s", strerror(-r));
+            m->ret = 1;
+            return;
+        }
+        if (have && mergeable(&cur, &next)) {
+            cur.length += next.length;
+            continue;
+        }
+        if (have) {
+            print_extent(&cur, m->json, first);
+            first = false;
+        }
+        cur = next;
+        have = true;
+    }
+    if (have) {
+        print_extent(&cur, m->json, first);
+        first = false;
+    }
+    if (m->json) {
+        printf(first ? "[]\n" : "]\n");
+    }
+}
+
+static int run(int argc, char **argv)
+{
+    enum { OPT_OUTPUT = 256, OPT_START, OPT_MAXLEN };
+    static const struct option longopts[] = {
+        {"help", no_argument, NULL, 'h'},
+        {"format", required_argument, NULL, 'f'},
+        {"output", required_argument, NULL, OPT_OUTPUT},
+        {"start-offset", required_argument, NULL, OPT_START},
+        {"max-length", required_argument, NULL, OPT_MAXLEN},
+        {"force-share", no_argument, NULL, 'U'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *fmt = NULL;
+    MapRun m = {0};
+    uint64_t max_len = UINT64_MAX;
+    int flags = 0, c;
+    opterr = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, ":f:hU", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'f': fmt = optarg; break;
+        case 'U': flags |= QK_OPEN_FORCE_SHARE; break;
+        case OPT_OUTPUT:
+            if (qk_tool_parse_output("map", optarg, &m.json) < 0) {
+                return 1;
+            }
+            break;
+        case OPT_START:
+            if (qk_parse_size(optarg, &m.start) < 0) {
+                qk_tool_error("Invalid start offset specified! You may use k, M, G, T, P or E suffixes "
+                              "for kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.");
+                return 1;
+            }
+            break;
+        case OPT_MAXLEN:
+            if (qk_parse_size(optarg, &max_len) < 0) {
+                qk_tool_error("Invalid length specified! You may use k, M, G, T, P or E suffixes "
+                              "for kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.");
+                return 1;
+            }
+            break;
+        case 'h': fputs(usage_text, stdout); return 0;
+        case ':': return qk_tool_bad_usage("map", "option '%s' needs an argument", argv[optind - 1]);
+        default: return qk_tool_bad_usage("map", "unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind != argc - 1) {
+        return qk_tool_bad_usage("map", "Expecting one image file name");
+    }
+    QkError err = {0};
+    m.bs = qk_tool_open(argv[optind], fmt, flags, &err);
+    if (!m.bs) {
+        qk_tool_error("Could not open '%s': %s", argv[optind], err.msg);
+        return 1;
+    }
+    uint64_t len = (uint64_t)qk_block_length(m.bs);
+    m.end = max_len < len - (m.start < len ? m.start : len) ? m.start + max_len : len;
+    qk_co_run(map_entry, &m);
+    fflush(stdout);
+    qk_block_close(m.bs);
+    return m.ret;
+}
+
+const QkCommand qk_cmd_map = {
+    .name = "map",
+    .summary = "show where the image's data lives across the backing chain",
+    .usage = usage_text,
+    .run = run,
+};

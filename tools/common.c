@@ -1,0 +1,107 @@
+/*
+ * Helpers shared by subcommands: error messages and argument parsing in
+ * one consistent voice.
+ */
+#include "cmd.h"
+#include "util/size.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *qk_progname = "qcowkit";
+
+void qk_tool_error(const char *fmt, ...)
+{
+    va_list ap;
+    /* Keep stdout and stderr in order when both go to one file (tests). */
+    fflush(stdout);
+    fprintf(stderr, "%s: ", qk_progname);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+int qk_tool_parse_size(const char *arg, const char *what, uint64_t *out)
+{
+    if (qk_parse_size(arg, out) < 0) {
+        qk_tool_error("Invalid %s specified: '%s'", what, arg);
+        return -1;
+    }
+    return 0;
+}
+
+int qk_tool_bad_usage(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    fflush(stdout);
+    fprintf(stderr, "%s %s: ", qk_progname, cmd);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, " (try '%s help %s')\n", qk_progname, cmd);
+    return 1;
+}
+
+int qk_tool_parse_output(const char *cmd, const char *arg, bool *json)
+{
+    if (strcmp(arg, "json") == 0) {
+        *json = true;
+    } else if (strcmp(arg, "human") == 0) {
+        *json = false;
+    } else {
+        qk_tool_error("--output must be used with human or json as argument.");
+        (void)cmd;
+        return -1;
+    }
+    return 0;
+}
+
+void qk_tool_print_json(json_t *j)
+{
+    /* Four-space indent and insertion order: the layout qemu-img prints. */
+    char *s = json_dumps(j, JSON_INDENT(4) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
+    if (s) {
+        puts(s);
+        free(s);
+    }
+}
+
+QkBlock *qk_tool_open(const char *filename, const char *fmt, int flags, QkError *err)
+{
+    QkOpenOptions o = {.flags = flags, .format = fmt};
+    return qk_block_open(filename, &o, err);
+}
+
+void qk_tool_print_format_specific(const QkImageInfo *info)
+{
+    if (info->qcow2_version == 0) {
+        return;
+    }
+    printf("Format specific information:\n");
+    printf("    compat: %s\n", info->qcow2_version >= 3 ? "1.1" : "0.10");
+    printf("    compression type: %s\n", info->compression_type ? info->compression_type : "zlib");
+    if (info->qcow2_version >= 3) {
+        printf("    lazy refcounts: %s\n", info->lazy_refcounts ? "true" : "false");
+    }
+    printf("    refcount bits: %u\n", info->refcount_bits);
+    if (info->qcow2_version >= 3) {
+        printf("    corrupt: %s\n", info->corrupt ? "true" : "false");
+        printf("    extended l2: %s\n", info->extended_l2 ? "true" : "false");
+    }
+}
+
+char *qk_tool_backing_path(const char *image, const char *backing)
+{
+    const char *slash = strrchr(image, '/');
+    char *p = NULL;
+    if (backing[0] == '/' || strstr(backing, "://") || !slash) {
+        return strdup(backing);
+    }
+    if (asprintf(&p, "%.*s%s", (int)(slash - image) + 1, image, backing) < 0) {
+        return NULL;
+    }
+    return p;
+}

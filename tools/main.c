@@ -1,0 +1,98 @@
+/*
+ * qcowkit: entry point. Global options (--help, --version, --aio) and
+ * dispatch to subcommands; `qcowkit help NAME` prints a command's usage.
+ */
+#include "cmd.h"
+#include "aio/loop.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const QkCommand *const commands[] = {
+    &qk_cmd_create,
+    &qk_cmd_info,
+    &qk_cmd_check,
+    &qk_cmd_map,
+    &qk_cmd_io,
+    &qk_cmd_bench,
+};
+
+#define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+static const QkCommand *find(const char *name)
+{
+    for (size_t i = 0; i < NCOMMANDS; i++) {
+        if (strcmp(commands[i]->name, name) == 0) {
+            return commands[i];
+        }
+    }
+    return NULL;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "Usage: qcowkit [--aio io_uring|threads] COMMAND [OPTIONS...] ARGS...\n"
+            "       qcowkit help COMMAND\n"
+            "       qcowkit --version\n"
+            "\n"
+            "QCOW2 disk-image engine, compatible with qemu-img images.\n"
+            "\n"
+            "Commands:\n");
+    for (size_t i = 0; i < NCOMMANDS; i++) {
+        fprintf(f, "  %-10s %s\n", commands[i]->name, commands[i]->summary);
+    }
+    fprintf(f, "\nSizes accept suffixes k, M, G, T (powers of 1024), e.g. 64k, 1G.\n");
+}
+
+int main(int argc, char **argv)
+{
+    int i = 1;
+    while (i < argc && argv[i][0] == '-') {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--version") == 0 || strcmp(argv[i], "-V") == 0) {
+            printf("qcowkit version %s\n", QK_VERSION);
+            return 0;
+        } else if (strcmp(argv[i], "--aio") == 0 && i + 1 < argc) {
+            if (qk_aio_set_backend_name(argv[i + 1]) < 0) {
+                qk_tool_error("Invalid aio backend '%s' (use io_uring or threads)", argv[i + 1]);
+                return 1;
+            }
+            i += 2;
+        } else {
+            qk_tool_error("unknown option '%s' (try 'qcowkit --help')", argv[i]);
+            return 1;
+        }
+    }
+    if (i >= argc) {
+        usage(stderr);
+        return 1;
+    }
+    const char *name = argv[i];
+    if (strcmp(name, "help") == 0) {
+        if (i + 1 >= argc) {
+            usage(stdout);
+            return 0;
+        }
+        const QkCommand *c = find(argv[i + 1]);
+        if (!c) {
+            qk_tool_error("unknown command '%s' (try 'qcowkit --help')", argv[i + 1]);
+            return 1;
+        }
+        fputs(c->usage, stdout);
+        return 0;
+    }
+    const QkCommand *c = find(name);
+    if (!c) {
+        qk_tool_error("unknown command '%s' (try 'qcowkit --help')", name);
+        return 1;
+    }
+    /* getopt in subcommands starts from argv[0] = command name. */
+    int r = c->run(argc - i, argv + i);
+    fflush(stdout);
+    qk_loop_destroy_current();
+    return r;
+}
