@@ -20,6 +20,7 @@ static const QkBlockDriver *const drivers[] = {
     &qk_drv_qcow2,
     &qk_drv_raw,
     &qk_drv_file,
+    &qk_drv_nbd,
 };
 
 const QkBlockDriver *qk_block_find_driver(const char *format)
@@ -94,6 +95,25 @@ QkBlock *coroutine_fn qk_co_file_open(const char *filename, int flags, QkError *
     return bs;
 }
 
+/* A protocol node: a remote NBD export for nbd URIs, else a host file. */
+static QkBlock *coroutine_fn protocol_open(const char *filename, int flags, QkError *err)
+{
+    if (!qk_block_is_nbd_uri(filename)) {
+        return qk_co_file_open(filename, flags, err);
+    }
+    QkBlock *bs = node_new(&qk_drv_nbd, filename, flags);
+    if (!bs) {
+        qk_error_set(err, -ENOMEM, "out of memory");
+        return NULL;
+    }
+    QkOpenOptions o = {.flags = flags};
+    if (qk_drv_nbd.co_open(bs, &o, err) < 0) {
+        node_free(bs);
+        return NULL;
+    }
+    return bs;
+}
+
 static const QkBlockDriver *probe(QkBlock *file)
 {
     uint8_t buf[512];
@@ -157,15 +177,17 @@ static QkBlock *coroutine_fn open_depth(const char *filename, const QkOpenOption
             return NULL;
         }
     }
+    bool nbd = qk_block_is_nbd_uri(filename);
     if (drv && drv->is_protocol) {
-        return qk_co_file_open(filename, opts->flags, err);
+        return protocol_open(filename, opts->flags, err);
     }
-    QkBlock *file = qk_co_file_open(filename, opts->flags, err);
+    QkBlock *file = protocol_open(filename, opts->flags, err);
     if (!file) {
         return NULL;
     }
     if (!drv) {
-        drv = probe(file);
+        /* An export's bytes are a guest's disk: never let them pick a format. */
+        drv = nbd ? &qk_drv_raw : probe(file);
     }
     QkBlock *bs = node_new(drv, filename, opts->flags);
     if (!bs) {
@@ -348,12 +370,17 @@ void qk_block_quiesce_end(QkBlock *bs)
     }
 }
 
-static void coroutine_fn write_begin(QkBlock *bs)
+static void coroutine_fn write_begin(QkBlock *bs, QkWriteKind kind, uint64_t off, uint64_t bytes)
 {
     while (bs->quiesce_counter > 0) {
         qk_co_queue_wait(&bs->quiesce_waiters);
     }
     bs->in_flight++;
+    for (QkWriteHook *h = bs->write_hooks; h; h = h->next) {
+        if (h->before_write) {
+            h->before_write(h, bs, kind, off, bytes);
+        }
+    }
 }
 
 /* Marks dirty bitmaps (even on failure: part of the range may have
@@ -362,8 +389,12 @@ static int coroutine_fn write_end(QkBlock *bs, int r, QkWriteKind kind, uint64_t
                                   QkIov *qiov, size_t qiov_off, int flags)
 {
     qk_dirty_bitmaps_mark_all(bs, off, bytes);
-    for (QkWriteHook *h = bs->write_hooks; h && r == 0; h = h->next) {
-        r = h->after_write(h, bs, kind, off, bytes, qiov, qiov_off, flags);
+    for (QkWriteHook *h = bs->write_hooks; h; h = h->next) {
+        if (r == 0) {
+            r = h->after_write(h, bs, kind, off, bytes, qiov, qiov_off, flags);
+        } else if (h->write_failed) {
+            h->write_failed(h, bs, kind, off, bytes);
+        }
     }
     qk_block_dec_in_flight(bs);
     return r;
@@ -417,7 +448,7 @@ int coroutine_fn qk_co_pwritev(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov 
     if (r < 0 || bytes == 0) {
         return r;
     }
-    write_begin(bs);
+    write_begin(bs, QK_WRITE_DATA, off, bytes);
     r = bs->drv->co_pwritev(bs, off, bytes, qiov, qiov_off, flags);
     if (r == 0 && (bs->open_flags & QK_OPEN_WRITETHROUGH) && !bs->drv->is_protocol) {
         r = qk_co_flush(bs);
@@ -445,7 +476,7 @@ int coroutine_fn qk_co_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t bytes, 
     if (r < 0 || bytes == 0) {
         return r;
     }
-    write_begin(bs);
+    write_begin(bs, QK_WRITE_ZEROES, off, bytes);
     if (bs->drv->co_pwrite_zeroes) {
         r = bs->drv->co_pwrite_zeroes(bs, off, bytes, flags);
     } else {
@@ -476,7 +507,7 @@ int coroutine_fn qk_co_pdiscard(QkBlock *bs, uint64_t off, uint64_t bytes)
     if (!bs->drv->co_pdiscard) {
         return 0; /* discard is advisory */
     }
-    write_begin(bs);
+    write_begin(bs, QK_WRITE_DISCARD, off, bytes);
     r = bs->drv->co_pdiscard(bs, off, bytes);
     if (r == -ENOTSUP) {
         r = 0;

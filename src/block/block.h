@@ -177,6 +177,13 @@ typedef struct QkWriteHook {
     int coroutine_fn (*after_write)(struct QkWriteHook *h, QkBlock *bs, QkWriteKind kind,
                                     uint64_t off, uint64_t bytes, QkIov *qiov, size_t qiov_off,
                                     int flags);
+    /* Optional: runs when the request enters (after any quiesce wait) in the
+     * request's coroutine, so a hook can see which writes overlap in flight.
+     * write_failed (optional) replaces after_write when the request fails. */
+    void (*before_write)(struct QkWriteHook *h, QkBlock *bs, QkWriteKind kind,
+                         uint64_t off, uint64_t bytes);
+    void (*write_failed)(struct QkWriteHook *h, QkBlock *bs, QkWriteKind kind,
+                         uint64_t off, uint64_t bytes);
     void *opaque;
     struct QkWriteHook *next;
 } QkWriteHook;
@@ -193,6 +200,10 @@ const QkBlockDriver *qk_block_find_driver(const char *format);
 extern const QkBlockDriver qk_drv_file;
 extern const QkBlockDriver qk_drv_raw;
 extern const QkBlockDriver qk_drv_qcow2;
+extern const QkBlockDriver qk_drv_nbd;
+/* True for nbd://, nbd+unix://, nbds:// and nbds+unix:// names: these open
+ * through the nbd protocol driver instead of as host files. */
+bool qk_block_is_nbd_uri(const char *filename);
 
 /* Opening and closing. qk_co_* variants run in a coroutine; the plain
  * variants run the loop until done and may be called from plain code. */
