@@ -16,6 +16,7 @@ static const QkCommand *const commands[] = {
     &qk_cmd_map,
     &qk_cmd_io,
     &qk_cmd_bench,
+    &qk_cmd_mirror,
 };
 
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))

@@ -1,0 +1,221 @@
+/*
+ * Job lifecycle (see job.h). Sleeping is done in short slices so cancel and
+ * complete requests are noticed within a few milliseconds without needing
+ * a timer that can be cut short.
+ */
+#include "jobs/job.h"
+#include "aio/loop.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SLICE_NS 5000000LL
+#define BURST_NS 100000000LL
+
+static QkJob *job_list;
+static unsigned job_counter;
+
+static const char *const state_names[] = {
+    [QK_JOB_CREATED] = "created",
+    [QK_JOB_RUNNING] = "running",
+    [QK_JOB_READY] = "ready",
+    [QK_JOB_COMPLETED] = "completed",
+    [QK_JOB_CANCELLED] = "cancelled",
+    [QK_JOB_FAILED] = "failed",
+};
+
+const char *qk_job_state_name(QkJobState s)
+{
+    return (unsigned)s < sizeof(state_names) / sizeof(state_names[0]) ? state_names[s] : "unknown";
+}
+
+QkJob *qk_job_find(const char *id)
+{
+    for (QkJob *j = job_list; j; j = j->next) {
+        if (strcmp(j->id, id) == 0) {
+            return j;
+        }
+    }
+    return NULL;
+}
+
+QkJob *qk_job_first(void)
+{
+    return job_list;
+}
+
+int qk_job_init(QkJob *job, const QkJobDriver *drv, const char *id, QkError *err)
+{
+    char buf[32];
+    if (!id) {
+        do {
+            snprintf(buf, sizeof(buf), "job%u", job_counter++);
+        } while (qk_job_find(buf));
+        id = buf;
+    } else if (qk_job_find(id)) {
+        return qk_error_set(err, -EEXIST, "Job ID '%s' is already in use", id);
+    }
+    memset(job, 0, sizeof(*job));
+    job->id = strdup(id);
+    if (!job->id) {
+        return qk_error_set(err, -ENOMEM, "out of memory");
+    }
+    job->drv = drv;
+    job->state = QK_JOB_CREATED;
+    qk_ratelimit_init(&job->limit, 0, BURST_NS);
+    qk_co_queue_init(&job->resume_waiters);
+    qk_co_queue_init(&job->finish_waiters);
+    job->next = job_list;
+    job_list = job;
+    return 0;
+}
+
+bool qk_job_is_finished(const QkJob *job)
+{
+    return job->state == QK_JOB_COMPLETED || job->state == QK_JOB_CANCELLED ||
+           job->state == QK_JOB_FAILED;
+}
+
+static void coroutine_fn job_entry(void *opaque)
+{
+    QkJob *job = opaque;
+    QkError err = {0};
+    int r = job->drv->run(job, &err);
+    job->end_ns = qk_clock_ns();
+    if (r == 0 && !job->cancel_requested) {
+        job->state = QK_JOB_COMPLETED;
+    } else if (r == -ECANCELED || (r == 0 && job->cancel_requested)) {
+        job->state = QK_JOB_CANCELLED;
+    } else {
+        job->state = QK_JOB_FAILED;
+        if (!err.code) {
+            qk_error_set_errno(&err, r < 0 ? r : -EIO, "job failed");
+        }
+        job->err = err;
+    }
+    qk_co_queue_wake_all(&job->finish_waiters);
+    if (job->on_finished) {
+        job->on_finished(job, job->finished_opaque);
+    }
+}
+
+void qk_job_start(QkJob *job)
+{
+    job->state = QK_JOB_RUNNING;
+    job->start_ns = qk_clock_ns();
+    qk_coroutine_wake(qk_coroutine_create(job_entry, job));
+}
+
+void qk_job_free(QkJob *job)
+{
+    for (QkJob **pp = &job_list; *pp; pp = &(*pp)->next) {
+        if (*pp == job) {
+            *pp = job->next;
+            break;
+        }
+    }
+    free(job->id);
+    job->id = NULL;
+    if (job->drv->free) {
+        job->drv->free(job);
+    }
+}
+
+int qk_job_cancel(QkJob *job, QkError *err)
+{
+    if (qk_job_is_finished(job)) {
+        return qk_error_set(err, -EINVAL, "Job '%s' has already finished", job->id);
+    }
+    job->cancel_requested = true;
+    job->paused = false;
+    qk_co_queue_wake_all(&job->resume_waiters);
+    return 0;
+}
+
+int qk_job_complete(QkJob *job, QkError *err)
+{
+    if (job->state != QK_JOB_READY) {
+        return qk_error_set(err, -EBUSY, "Job '%s' in state '%s' cannot be completed (not ready)",
+                            job->id, qk_job_state_name(job->state));
+    }
+    job->complete_requested = true;
+    return 0;
+}
+
+int qk_job_pause(QkJob *job, QkError *err)
+{
+    if (qk_job_is_finished(job)) {
+        return qk_error_set(err, -EINVAL, "Job '%s' has already finished", job->id);
+    }
+    job->paused = true;
+    return 0;
+}
+
+int qk_job_resume(QkJob *job, QkError *err)
+{
+    if (!job->paused) {
+        return qk_error_set(err, -EINVAL, "Job '%s' is not paused", job->id);
+    }
+    job->paused = false;
+    qk_co_queue_wake_all(&job->resume_waiters);
+    return 0;
+}
+
+void qk_job_set_speed(QkJob *job, uint64_t speed)
+{
+    job->speed = speed;
+    qk_ratelimit_set_speed(&job->limit, speed);
+}
+
+double qk_job_throughput(const QkJob *job)
+{
+    int64_t end = qk_job_is_finished(job) ? job->end_ns : qk_clock_ns();
+    double s = (double)(end - job->start_ns) / 1e9;
+    return s > 0 ? (double)job->bytes_done / s : 0.0;
+}
+
+void qk_job_set_ready(QkJob *job)
+{
+    if (job->state == QK_JOB_RUNNING) {
+        job->state = QK_JOB_READY;
+        job->ready_ns = qk_clock_ns();
+    }
+}
+
+bool coroutine_fn qk_co_job_pause_point(QkJob *job)
+{
+    while (job->paused && !job->cancel_requested) {
+        qk_co_queue_wait(&job->resume_waiters);
+    }
+    return job->cancel_requested;
+}
+
+void coroutine_fn qk_co_job_sleep_ns(QkJob *job, int64_t ns)
+{
+    int64_t until = qk_clock_ns() + ns;
+    bool complete = job->complete_requested;
+    for (;;) {
+        int64_t left = until - qk_clock_ns();
+        if (left <= 0 || job->cancel_requested || job->complete_requested != complete) {
+            return;
+        }
+        qk_co_sleep_ns(left < SLICE_NS ? left : SLICE_NS);
+    }
+}
+
+void coroutine_fn qk_co_job_throttle(QkJob *job, uint64_t bytes)
+{
+    int64_t d;
+    while ((d = qk_ratelimit_delay(&job->limit, qk_clock_ns())) > 0 && !job->cancel_requested) {
+        qk_co_job_sleep_ns(job, d);
+    }
+    qk_ratelimit_charge(&job->limit, bytes, qk_clock_ns());
+}
+
+void coroutine_fn qk_co_job_wait(QkJob *job)
+{
+    while (!qk_job_is_finished(job)) {
+        qk_co_queue_wait(&job->finish_waiters);
+    }
+}

@@ -1,0 +1,105 @@
+/*
+ * Long-running jobs (mirror, later convert and commit): one coroutine each
+ * on the event loop, a state machine, progress, a speed limit, pause and
+ * cancel, and a process-wide list for queries.
+ *
+ *   created -> running -> ready -> completed
+ *                 |         |
+ *                 +---------+--> cancelled | failed (with a message)
+ *
+ * A job's driver does the work in run(); it calls the pause point and the
+ * sleep helper often, and reads cancel/complete requests from the job.
+ * Owns: the lifecycle and bookkeeping. Must not know any job's own data.
+ */
+#ifndef QK_JOBS_JOB_H
+#define QK_JOBS_JOB_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "aio/co_sync.h"
+#include "aio/coroutine.h"
+#include "util/error.h"
+#include "util/ratelimit.h"
+
+typedef enum QkJobState {
+    QK_JOB_CREATED,
+    QK_JOB_RUNNING,
+    QK_JOB_READY,
+    QK_JOB_COMPLETED,
+    QK_JOB_CANCELLED,
+    QK_JOB_FAILED,
+} QkJobState;
+
+typedef struct QkJob QkJob;
+
+typedef struct QkJobDriver {
+    const char *type;              /* "mirror", ... */
+    /* The work. Returns 0 when done, or -errno with err filled. A job that
+     * notices a cancel request returns -ECANCELED. */
+    int coroutine_fn (*run)(QkJob *job, QkError *err);
+    /* Frees the driver's state around the job (the job is embedded in it). */
+    void (*free)(QkJob *job);
+} QkJobDriver;
+
+/* Called once the job has reached a final state (from the job's coroutine). */
+typedef void QkJobFinishedFn(QkJob *job, void *opaque);
+
+struct QkJob {
+    char *id;
+    const QkJobDriver *drv;
+    QkJobState state;
+    QkError err;                   /* set when failed */
+    uint64_t bytes_done;
+    uint64_t bytes_total;          /* estimate; may grow while running */
+    uint64_t dirty_bytes;          /* for jobs that track a dirty set */
+    uint64_t speed;                /* bytes/s, 0 unlimited */
+    QkRateLimit limit;
+    bool paused;
+    bool cancel_requested;
+    bool complete_requested;
+    int64_t start_ns, ready_ns, end_ns;
+    QkCoQueue resume_waiters;
+    QkCoQueue finish_waiters;
+    QkJobFinishedFn *on_finished;
+    void *finished_opaque;
+    struct QkJob *next;
+};
+
+/* Initialises job (embedded at the start of the driver's struct) and adds it
+ * to the list. id NULL: a fresh "jobN". Fails with -EEXIST for a taken id. */
+int qk_job_init(QkJob *job, const QkJobDriver *drv, const char *id, QkError *err);
+/* Starts the job's coroutine (state running). */
+void qk_job_start(QkJob *job);
+/* Removes a finished job from the list and frees it. */
+void qk_job_free(QkJob *job);
+
+QkJob *qk_job_find(const char *id);
+QkJob *qk_job_first(void);
+const char *qk_job_state_name(QkJobState s);
+bool qk_job_is_finished(const QkJob *job);
+
+/* Requests. Each returns 0 or -errno with err filled. */
+int qk_job_cancel(QkJob *job, QkError *err);
+/* Only a ready job can be completed. */
+int qk_job_complete(QkJob *job, QkError *err);
+int qk_job_pause(QkJob *job, QkError *err);
+int qk_job_resume(QkJob *job, QkError *err);
+void qk_job_set_speed(QkJob *job, uint64_t speed);
+
+/* Average bytes per second since the job started. */
+double qk_job_throughput(const QkJob *job);
+
+/* For drivers. */
+void qk_job_set_ready(QkJob *job);
+/* Waits while paused; returns true if the job should stop (cancelled). */
+bool coroutine_fn qk_co_job_pause_point(QkJob *job);
+/* Sleeps ns, waking early for cancel or complete requests. */
+void coroutine_fn qk_co_job_sleep_ns(QkJob *job, int64_t ns);
+/* Waits until the rate limit allows bytes, then charges them. */
+void coroutine_fn qk_co_job_throttle(QkJob *job, uint64_t bytes);
+
+/* Waits until the job has finished. */
+void coroutine_fn qk_co_job_wait(QkJob *job);
+
+#endif
