@@ -26,6 +26,8 @@ extern const QkCommand qk_cmd_io;
 extern const QkCommand qk_cmd_bench;
 extern const QkCommand qk_cmd_map;
 extern const QkCommand qk_cmd_check;
+extern const QkCommand qk_cmd_serve;
+extern const QkCommand qk_cmd_ctl;
 extern const QkCommand qk_cmd_mirror;
 
 /* Shared helpers for commands (tools/common.c). */

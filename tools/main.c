@@ -16,6 +16,8 @@ static const QkCommand *const commands[] = {
     &qk_cmd_map,
     &qk_cmd_io,
     &qk_cmd_bench,
+    &qk_cmd_serve,
+    &qk_cmd_ctl,
     &qk_cmd_mirror,
 };
 

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# NBD server benchmark: fio's nbd engine, 4k random reads and writes at
+# queue depth 32, against `qcowkit serve` and `qemu-nbd` exporting the
+# same image over a unix socket. The servers take turns (never both on the
+# image at once), each run is RUNTIME seconds, REPS rounds; the table shows
+# medians (min-max) of IOPS and the ratio qcowkit / qemu-nbd.
+# Usage: bench/nbd.sh   (env: RUNTIME=10 REPS=3 SIZE=1G FORMAT=qcow2 DIR=/var/tmp
+#                       QK_AIO=io_uring|threads to pick qcowkit's I/O backend)
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+RUNTIME=${RUNTIME:-10}
+REPS=${REPS:-3}
+SIZE=${SIZE:-1G}
+FORMAT=${FORMAT:-qcow2}
+QK=${QCOWKIT:-$top/build/tools/qcowkit}
+[ -x "$QK" ] || bash "$top/scripts/build.sh" >/dev/null
+fio --enghelp 2>/dev/null | grep -qw nbd || { echo "fio has no nbd engine" >&2; exit 1; }
+
+work=$(mktemp -d "${DIR:-/var/tmp}/qk-nbd-bench.XXXXXX")
+srv=""
+cleanup() { [ -n "$srv" ] && kill "$srv" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+img=$work/img.$FORMAT
+sock=$work/nbd.sock
+qemu-img create -q -f "$FORMAT" "$img" "$SIZE"
+# Fully allocate it so reads hit data and writes overwrite, for both.
+qemu-io -f "$FORMAT" -c "write -P 0x5a 0 $SIZE" "$img" >/dev/null
+
+start() { # qcowkit|qemu-nbd
+  rm -f "$sock"
+  if [ "$1" = qcowkit ]; then
+    "$QK" ${QK_AIO:+--aio "$QK_AIO"} serve --socket "$sock" --export "name=b,file=$img,format=$FORMAT" &
+  else
+    qemu-nbd -f "$FORMAT" -x b -k "$sock" -t "$img" &
+  fi
+  srv=$!
+  for _ in $(seq 200); do [ -S "$sock" ] && return; sleep 0.05; done
+  echo "$1 did not start" >&2
+  exit 1
+}
+stop() { kill "$srv"; wait "$srv" 2>/dev/null || true; srv=""; }
+
+iops() { # rw
+  local key=read
+  [ "$1" = randwrite ] && key=write
+  fio --name=b --ioengine=nbd --uri="nbd+unix:///b?socket=$sock" --rw="$1" --bs=4k \
+      --iodepth=32 --size="$SIZE" --time_based=1 --runtime="$RUNTIME" --ramp_time=1 \
+      --output-format=json 2>/dev/null |
+    sed -n '/^{/,$p' | python3 -c "import json,sys; print(int(json.load(sys.stdin)['jobs'][0]['$key']['iops']))"
+}
+
+declare -A res
+for rep in $(seq "$REPS"); do
+  for s in qcowkit qemu-nbd; do
+    start "$s"
+    for rw in randread randwrite; do
+      res[$s,$rw]+="$(iops "$rw") "
+    done
+    stop
+  done
+  echo "round $rep done" >&2
+done
+
+python3 - "$FORMAT" "$SIZE" "$RUNTIME" "$REPS" \
+  "${res[qcowkit,randread]}" "${res[qemu-nbd,randread]}" \
+  "${res[qcowkit,randwrite]}" "${res[qemu-nbd,randwrite]}" <<'PY'
+import statistics, sys
+fmt, size, rt, reps = sys.argv[1:5]
+vals = [list(map(int, a.split())) for a in sys.argv[5:9]]
+def cell(v):
+    return f"{int(statistics.median(v))} ({min(v)}-{max(v)})"
+import os
+aio = os.environ.get("QK_AIO") or "default (io_uring)"
+print(f"fio nbd engine, 4k, iodepth 32, {rt}s x {reps} per cell, {fmt} image of {size}, unix socket, qcowkit aio {aio}\n")
+print("| workload | qcowkit serve IOPS | qemu-nbd IOPS | ratio |")
+print("|---|---|---|---|")
+for name, qk, qm in (("randread", vals[0], vals[1]), ("randwrite", vals[2], vals[3])):
+    print(f"| {name} | {cell(qk)} | {cell(qm)} | {statistics.median(qk) / statistics.median(qm):.2f}x |")
+PY

@@ -1,0 +1,371 @@
+/*
+ * Control commands for long-running jobs: mirror-start, query-jobs,
+ * job-complete (optionally switching the export to the target), job-cancel,
+ * job-set-speed, job-pause, job-resume, job-dismiss.
+ *
+ * Owns: the JSON shape of jobs and the nodes a job opened (the mirror
+ * target until the switch, then the old source until the job ends). Must
+ * not know the socket framing.
+ */
+#include "daemon/control.h"
+#include "aio/loop.h"
+#include "jobs/mirror.h"
+#include "util/size.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* What the daemon keeps for a mirror job besides the job itself. */
+typedef struct JobCtx {
+    QkDaemon *d;
+    QkJob *job;
+    char *export_name;
+    QkBlock *source;         /* the export's node when the job started */
+    QkBlock *target;         /* ours to close unless the export took it */
+    bool switched;
+    struct JobCtx *next;
+} JobCtx;
+
+static JobCtx *contexts;
+
+static JobCtx *ctx_of(QkJob *job)
+{
+    for (JobCtx *c = contexts; c; c = c->next) {
+        if (c->job == job) {
+            return c;
+        }
+    }
+    return NULL;
+}
+
+static void ctx_free(JobCtx *c)
+{
+    for (JobCtx **pp = &contexts; *pp; pp = &(*pp)->next) {
+        if (*pp == c) {
+            *pp = c->next;
+            break;
+        }
+    }
+    free(c->export_name);
+    free(c);
+}
+
+/* Integers, or size strings such as "64k". */
+static int arg_size(json_t *args, const char *key, uint64_t *out, QkError *err)
+{
+    json_t *v = json_object_get(args, key);
+    if (!v) {
+        return 0;
+    }
+    if (json_is_integer(v) && json_integer_value(v) >= 0) {
+        *out = (uint64_t)json_integer_value(v);
+        return 0;
+    }
+    if (json_is_string(v) && qk_parse_size(json_string_value(v), out) == 0) {
+        return 0;
+    }
+    return qk_error_set(err, -EINVAL, "Parameter '%s' expects a size", key);
+}
+
+static QkJob *find_job(json_t *args, QkError *err)
+{
+    const char *id;
+    if (qk_control_arg_string(args, "id", true, &id, err) < 0) {
+        return NULL;
+    }
+    QkJob *job = qk_job_find(id);
+    if (!job) {
+        qk_error_set(err, -ENOENT, "Job '%s' not found", id);
+    }
+    return job;
+}
+
+/* Under quiesce of the source: the export now serves the target. */
+static void switch_export(void *opaque, QkBlock *source, QkBlock *target)
+{
+    JobCtx *c = opaque;
+    QkNbdExport *e = qk_nbd_server_find_export(qk_daemon_nbd_server(c->d), c->export_name);
+    if (e && e->bs == source) {
+        e->bs = target;
+        c->switched = true;
+    }
+}
+
+/* From the job's coroutine once it has ended: close what is ours. */
+static void coroutine_fn job_finished(QkJob *job, void *opaque)
+{
+    (void)job;
+    JobCtx *c = opaque;
+    if (c->switched) {
+        qk_co_block_close(c->source);
+    } else {
+        qk_co_block_close(c->target);
+    }
+    c->source = c->target = NULL;
+}
+
+static json_t *coroutine_fn cmd_mirror_start(QkDaemon *d, json_t *args, QkError *err)
+{
+    const char *exp_name, *target, *format, *id, *mode;
+    QkMirrorOptions o = {0};
+    uint64_t in_flight = 0;
+    if (qk_control_arg_string(args, "export", true, &exp_name, err) < 0 ||
+        qk_control_arg_string(args, "target", true, &target, err) < 0 ||
+        qk_control_arg_string(args, "format", false, &format, err) < 0 ||
+        qk_control_arg_string(args, "id", false, &id, err) < 0 ||
+        qk_control_arg_string(args, "mode", false, &mode, err) < 0 ||
+        arg_size(args, "speed", &o.speed, err) < 0 ||
+        arg_size(args, "granularity", &o.granularity, err) < 0 ||
+        arg_size(args, "buf-size", &o.buf_size, err) < 0 ||
+        arg_size(args, "max-in-flight", &in_flight, err) < 0 ||
+        arg_size(args, "ready-threshold", &o.ready_threshold, err) < 0 ||
+        qk_control_arg_bool(args, "rescan-per-chunk", &o.rescan_per_chunk, err) < 0) {
+        return NULL;
+    }
+    if (mode && qk_mirror_mode_parse(mode, &o.mode) < 0) {
+        qk_error_set(err, -EINVAL, "Parameter 'mode' expects 'background' or 'write-blocking'");
+        return NULL;
+    }
+    if (in_flight > 1024) {
+        qk_error_set(err, -EINVAL, "Parameter 'max-in-flight' must be at most 1024");
+        return NULL;
+    }
+    o.max_in_flight = (int)in_flight;
+    QkNbdExport *e = qk_nbd_server_find_export(qk_daemon_nbd_server(d), exp_name);
+    if (!e) {
+        qk_error_set(err, -ENOENT, "Export '%s' not found", exp_name);
+        return NULL;
+    }
+    if (id && qk_job_find(id)) {
+        qk_error_set(err, -EEXIST, "Job ID '%s' is already in use", id);
+        return NULL;
+    }
+    /* A local target that does not exist yet is created like the source. */
+    struct stat sb;
+    if (!qk_block_is_nbd_uri(target) && stat(target, &sb) != 0) {
+        QkCreateOptions co = {.format = format ? format : "qcow2",
+                              .size = (uint64_t)qk_block_length(e->bs), .size_set = true};
+        if (qk_co_block_create(target, &co, err) < 0) {
+            qk_error_prefix(err, "Could not create '%s'", target);
+            return NULL;
+        }
+        o.target_is_zero = true;
+    }
+    QkOpenOptions to = {.flags = QK_OPEN_RDWR, .format = format};
+    QkBlock *tbs = qk_co_block_open(target, &to, err);
+    if (!tbs) {
+        qk_error_prefix(err, "Could not open target '%s'", target);
+        return NULL;
+    }
+    /* The export may have gone while we yielded. */
+    e = qk_nbd_server_find_export(qk_daemon_nbd_server(d), exp_name);
+    JobCtx *c = calloc(1, sizeof(*c));
+    if (!e || !c || !(c->export_name = strdup(exp_name))) {
+        free(c);
+        qk_co_block_close(tbs);
+        qk_error_set(err, e ? -ENOMEM : -ENOENT, e ? "out of memory" : "Export '%s' is gone", exp_name);
+        return NULL;
+    }
+    c->d = d;
+    c->source = e->bs;
+    c->target = tbs;
+    o.switch_fn = switch_export;
+    o.switch_opaque = c;
+    c->next = contexts;
+    contexts = c;
+    QkJob *job = qk_mirror_start(id, e->bs, tbs, &o, err);
+    if (!job) {
+        ctx_free(c);
+        qk_co_block_close(tbs);
+        return NULL;
+    }
+    c->job = job;
+    job->on_finished = job_finished;
+    job->finished_opaque = c;
+    return json_pack("{s:s}", "id", job->id);
+}
+
+static json_t *job_json(QkJob *job)
+{
+    json_t *o = json_pack("{s:s,s:s,s:s,s:I,s:I,s:I,s:I,s:I}",
+                          "id", job->id,
+                          "type", job->drv->type,
+                          "status", qk_job_state_name(job->state),
+                          "bytes-done", (json_int_t)job->bytes_done,
+                          "bytes-total", (json_int_t)job->bytes_total,
+                          "dirty-bytes", (json_int_t)job->dirty_bytes,
+                          "throughput", (json_int_t)qk_job_throughput(job),
+                          "speed", (json_int_t)job->speed);
+    if (!o) {
+        return NULL;
+    }
+    if (job->ready_ns) {
+        json_object_set_new(o, "ms-to-ready", json_integer((job->ready_ns - job->start_ns) / 1000000));
+    }
+    if (qk_job_is_finished(job)) {
+        json_object_set_new(o, "ms-total", json_integer((job->end_ns - job->start_ns) / 1000000));
+    }
+    if (job->state == QK_JOB_FAILED) {
+        json_object_set_new(o, "error", json_string(job->err.msg));
+    }
+    if (job->paused) {
+        json_object_set_new(o, "paused", json_true());
+    }
+    if (qk_job_is_mirror(job)) {
+        QkMirrorStats st;
+        qk_mirror_get_stats(job, &st);
+        json_object_set_new(o, "granularity", json_integer((json_int_t)st.granularity));
+        json_object_set_new(o, "chunks", json_integer((json_int_t)st.chunks_submitted));
+        json_object_set_new(o, "cursor-restarts", json_integer((json_int_t)st.cursor_restarts));
+        json_object_set_new(o, "active-writes", json_integer((json_int_t)st.active_writes));
+        JobCtx *c = ctx_of(job);
+        if (c) {
+            json_object_set_new(o, "export", json_string(c->export_name));
+            json_object_set_new(o, "switched", json_boolean(c->switched));
+        }
+    }
+    return o;
+}
+
+static json_t *coroutine_fn cmd_query_jobs(QkDaemon *d, json_t *args, QkError *err)
+{
+    (void)d;
+    (void)args;
+    json_t *list = json_array();
+    if (!list) {
+        qk_error_set(err, -ENOMEM, "out of memory");
+        return NULL;
+    }
+    for (QkJob *j = qk_job_first(); j; j = j->next) {
+        json_array_append_new(list, job_json(j));
+    }
+    return list;
+}
+
+static json_t *coroutine_fn cmd_job_complete(QkDaemon *d, json_t *args, QkError *err)
+{
+    (void)d;
+    bool do_switch = false, wait = false;
+    QkJob *job = find_job(args, err);
+    if (!job || qk_control_arg_bool(args, "switch", &do_switch, err) < 0 ||
+        qk_control_arg_bool(args, "wait", &wait, err) < 0) {
+        return NULL;
+    }
+    if ((qk_job_is_mirror(job) ? qk_mirror_complete(job, do_switch, err) : qk_job_complete(job, err)) < 0) {
+        return NULL;
+    }
+    if (wait) {
+        qk_co_job_wait(job);
+        return job_json(job);
+    }
+    return json_object();
+}
+
+static json_t *coroutine_fn cmd_job_cancel(QkDaemon *d, json_t *args, QkError *err)
+{
+    (void)d;
+    bool wait = false;
+    QkJob *job = find_job(args, err);
+    if (!job || qk_control_arg_bool(args, "wait", &wait, err) < 0 || qk_job_cancel(job, err) < 0) {
+        return NULL;
+    }
+    if (wait) {
+        qk_co_job_wait(job);
+    }
+    return json_object();
+}
+
+static json_t *coroutine_fn cmd_job_set_speed(QkDaemon *d, json_t *args, QkError *err)
+{
+    (void)d;
+    uint64_t speed = 0;
+    QkJob *job = find_job(args, err);
+    if (!job) {
+        return NULL;
+    }
+    if (!json_object_get(args, "speed")) {
+        qk_error_set(err, -EINVAL, "Parameter 'speed' is missing");
+        return NULL;
+    }
+    if (arg_size(args, "speed", &speed, err) < 0) {
+        return NULL;
+    }
+    qk_job_set_speed(job, speed);
+    return json_object();
+}
+
+static json_t *coroutine_fn cmd_job_pause(QkDaemon *d, json_t *args, QkError *err)
+{
+    (void)d;
+    QkJob *job = find_job(args, err);
+    return job && qk_job_pause(job, err) == 0 ? json_object() : NULL;
+}
+
+static json_t *coroutine_fn cmd_job_resume(QkDaemon *d, json_t *args, QkError *err)
+{
+    (void)d;
+    QkJob *job = find_job(args, err);
+    return job && qk_job_resume(job, err) == 0 ? json_object() : NULL;
+}
+
+static void dismiss(QkJob *job)
+{
+    JobCtx *c = ctx_of(job);
+    if (c) {
+        ctx_free(c);
+    }
+    qk_job_free(job);
+}
+
+static json_t *coroutine_fn cmd_job_dismiss(QkDaemon *d, json_t *args, QkError *err)
+{
+    (void)d;
+    QkJob *job = find_job(args, err);
+    if (!job) {
+        return NULL;
+    }
+    if (!qk_job_is_finished(job)) {
+        qk_error_set(err, -EBUSY, "Job '%s' is still %s", job->id, qk_job_state_name(job->state));
+        return NULL;
+    }
+    dismiss(job);
+    return json_object();
+}
+
+void coroutine_fn qk_co_control_jobs_shutdown(void)
+{
+    for (QkJob *j = qk_job_first(); j; j = j->next) {
+        if (!qk_job_is_finished(j)) {
+            qk_job_cancel(j, NULL);
+        }
+    }
+    while (qk_job_first()) {
+        QkJob *j = qk_job_first();
+        qk_co_job_wait(j);
+        dismiss(j);
+    }
+}
+
+static const char *const start_params[] = {
+    "export", "target", "format", "id", "mode", "speed", "granularity", "buf-size",
+    "max-in-flight", "ready-threshold", "rescan-per-chunk", NULL,
+};
+static const char *const id_params[] = {"id", NULL};
+static const char *const complete_params[] = {"id", "switch", "wait", NULL};
+static const char *const cancel_params[] = {"id", "wait", NULL};
+static const char *const speed_params[] = {"id", "speed", NULL};
+
+static const QkControlCommand cmds[] = {
+    {"query-jobs", cmd_query_jobs, NULL},
+    {"mirror-start", cmd_mirror_start, start_params},
+    {"job-complete", cmd_job_complete, complete_params},
+    {"job-cancel", cmd_job_cancel, cancel_params},
+    {"job-set-speed", cmd_job_set_speed, speed_params},
+    {"job-pause", cmd_job_pause, id_params},
+    {"job-resume", cmd_job_resume, id_params},
+    {"job-dismiss", cmd_job_dismiss, id_params},
+};
+
+const QkControlTable qk_control_job_table = {cmds, sizeof(cmds) / sizeof(cmds[0])};
