@@ -29,6 +29,7 @@ extern const QkCommand qk_cmd_check;
 extern const QkCommand qk_cmd_serve;
 extern const QkCommand qk_cmd_ctl;
 extern const QkCommand qk_cmd_mirror;
+extern const QkCommand qk_cmd_snapshot;
 
 /* Shared helpers for commands (tools/common.c). */
 /* Prints "qcowkit: <msg>" to stderr. */

@@ -19,6 +19,7 @@ static const QkCommand *const commands[] = {
     &qk_cmd_serve,
     &qk_cmd_ctl,
     &qk_cmd_mirror,
+    &qk_cmd_snapshot,
 };
 
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))

@@ -51,6 +51,60 @@ int qk_image_discard(QkImage *img, uint64_t off, uint64_t len);
 /* qk_image_flush - makes completed writes stable on disk. */
 int qk_image_flush(QkImage *img);
 
+/* ---- VM state: saving a running VM's memory and devices with a snapshot ----
+ *
+ * A hypervisor streams its state in, in pieces of any size, and takes an
+ * internal snapshot that records it (QEMU's savevm layout: QEMU can load
+ * it); later it applies the snapshot and streams the state back out
+ * (loadvm). Pieces are gathered into aligned buffers written in parallel,
+ * so small unaligned pieces cost no read-modify-write even with
+ * QK_IMAGE_NOCACHE. Memory stays at (workers + 1) buffers.
+ * qcow2 images only (-ENOTSUP otherwise). */
+typedef struct QkVmStateStream QkVmStateStream;
+
+typedef struct QkVmStateParams {
+    int workers;          /* buffers written/read in parallel; 0: 4 */
+    uint64_t buf_size;    /* 0: max(cluster size, 1 MiB) */
+    int unbuffered;       /* write each piece as it comes (slow; for comparison) */
+} QkVmStateParams;
+
+/* qk_image_vmstate_writer_open - starts saving VM state into IMG (opened
+ * with QK_IMAGE_RDWR). PARAMS may be NULL. Returns NULL with a message in
+ * errbuf on failure. */
+QkVmStateStream *qk_image_vmstate_writer_open(QkImage *img, const QkVmStateParams *params,
+                                              char *errbuf, size_t errlen);
+
+/* qk_image_vmstate_write - appends LEN bytes to the stream. Returns 0, or
+ * the first error any earlier write hit (the save is then lost). */
+int qk_image_vmstate_write(QkVmStateStream *w, const void *buf, size_t len);
+
+/* qk_image_vmstate_writer_close - finishes the save. With NAME, waits for
+ * every write, then takes snapshot NAME recording the state (names must be
+ * unique; the id is the next free number) and drops the state from the
+ * active disk. With NAME NULL, or when any write failed, no snapshot is
+ * taken and the written state is dropped. Always frees W. Returns 0 or
+ * -errno (message in errbuf). */
+int qk_image_vmstate_writer_close(QkVmStateStream *w, const char *name, char *errbuf, size_t errlen);
+
+/* qk_image_vmstate_reader_open - reverts IMG to snapshot SNAPSHOT (id or
+ * name; its disk content and size become the active disk) and opens its
+ * VM state for reading; *SIZE gets the state's length. */
+QkVmStateStream *qk_image_vmstate_reader_open(QkImage *img, const char *snapshot,
+                                              const QkVmStateParams *params, uint64_t *size,
+                                              char *errbuf, size_t errlen);
+
+/* qk_image_vmstate_read - reads the next bytes of the state (read-ahead
+ * keeps the next buffers coming). Returns the count, 0 at the end, or -errno. */
+int64_t qk_image_vmstate_read(QkVmStateStream *r, void *buf, size_t len);
+
+/* qk_image_vmstate_reader_close - frees R (waits for read-ahead) and drops
+ * the state from the active disk; the snapshot keeps it. */
+void qk_image_vmstate_reader_close(QkVmStateStream *r);
+
+/* qk_image_vmstate_peak_memory - bytes of buffers the stream allocated at
+ * most (writer only; for monitoring). */
+uint64_t qk_image_vmstate_peak_memory(const QkVmStateStream *s);
+
 #ifdef __cplusplus
 }
 #endif

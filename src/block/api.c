@@ -5,6 +5,7 @@
  */
 #include "qcowkit/qcowkit.h"
 #include "aio/loop.h"
+#include "block/api_int.h"
 #include "block/block.h"
 
 #include <stdio.h>
@@ -50,6 +51,11 @@ void qk_image_close(QkImage *img)
         qk_block_close(img->bs);
         free(img);
     }
+}
+
+QkBlock *qk_image_node(QkImage *img)
+{
+    return img->bs;
 }
 
 uint64_t qk_image_size(const QkImage *img)

@@ -4,6 +4,7 @@
  * the driver table. The data paths live in read.c, write.c and zero.c.
  */
 #include "qcow2/qcow2_int.h"
+#include "qcow2/snapshot_int.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -360,4 +361,6 @@ const QkBlockDriver qk_drv_qcow2 = {
     .co_truncate = qcow2_truncate,
     .get_length = qcow2_get_length,
     .get_info = qcow2_get_info,
+    .co_save_vmstate = qcow2_co_save_vmstate,
+    .co_load_vmstate = qcow2_co_load_vmstate,
 };

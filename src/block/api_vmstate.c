@@ -1,0 +1,229 @@
+/*
+ * The public VM-state API (include/qcowkit/qcowkit.h): a hypervisor's
+ * savevm/loadvm on top of the block layer's buffered writer and reader and
+ * the qcow2 driver's snapshot calls. Each call runs one coroutine on this
+ * thread's loop; buffer writes stay in flight between calls.
+ */
+#include "block/api_int.h"
+#include "aio/loop.h"
+#include "block/vmstate.h"
+#include "qcow2/qcow2.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct QkVmStateStream {
+    QkBlock *bs;
+    QkVmStateWriter *w;
+    QkVmStateReader *r;
+    uint64_t pos;
+    uint64_t size;
+    int error;
+};
+
+typedef struct Call {
+    QkVmStateStream *s;
+    const void *cbuf;
+    void *buf;
+    size_t len;
+    const char *name;
+    QkError err;
+    int64_t ret;
+} Call;
+
+static void set_err(char *errbuf, size_t errlen, const char *msg)
+{
+    if (errbuf && errlen) {
+        snprintf(errbuf, errlen, "%s", msg);
+    }
+}
+
+static void fill_opts(QkBlock *bs, const QkVmStateParams *p, QkVmStateOptions *o)
+{
+    QkImageInfo info = {0};
+    qk_block_get_info(bs, &info);
+    memset(o, 0, sizeof(*o));
+    o->cluster_size = info.cluster_size;
+    if (p) {
+        o->workers = p->workers;
+        o->buf_size = p->buf_size;
+        o->unbuffered = p->unbuffered != 0;
+    }
+}
+
+static void coroutine_fn discard_entry(void *opaque)
+{
+    Call *c = opaque;
+    c->ret = qk_qcow2_co_vmstate_discard(c->s->bs, &c->err);
+}
+
+QkVmStateStream *qk_image_vmstate_writer_open(QkImage *img, const QkVmStateParams *params,
+                                              char *errbuf, size_t errlen)
+{
+    QkBlock *bs = qk_image_node(img);
+    if (!qk_block_is_qcow2(bs)) {
+        set_err(errbuf, errlen, "VM state needs a qcow2 image");
+        return NULL;
+    }
+    QkVmStateStream *s = calloc(1, sizeof(*s));
+    if (!s) {
+        set_err(errbuf, errlen, "out of memory");
+        return NULL;
+    }
+    s->bs = bs;
+    /* State left by an applied snapshot or a failed save must not leak
+     * into this one. */
+    Call c = {.s = s};
+    qk_co_run(discard_entry, &c);
+    QkVmStateOptions o;
+    fill_opts(bs, params, &o);
+    s->w = c.ret == 0 ? qk_vmstate_writer_new(bs, &o, NULL) : NULL;
+    if (!s->w) {
+        set_err(errbuf, errlen, c.ret < 0 ? c.err.msg : "out of memory");
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+static void coroutine_fn write_entry(void *opaque)
+{
+    Call *c = opaque;
+    c->ret = qk_vmstate_write(c->s->w, c->s->pos, c->cbuf, c->len);
+}
+
+int qk_image_vmstate_write(QkVmStateStream *w, const void *buf, size_t len)
+{
+    if (w->error) {
+        return w->error;
+    }
+    Call c = {.s = w, .cbuf = buf, .len = len};
+    qk_co_run(write_entry, &c);
+    w->pos += len;
+    if (c.ret < 0) {
+        w->error = (int)c.ret;
+    }
+    return (int)c.ret;
+}
+
+static void coroutine_fn close_entry(void *opaque)
+{
+    Call *c = opaque;
+    QkVmStateStream *s = c->s;
+    int r = qk_vmstate_writer_flush(s->w);
+    if (r < 0) {
+        qk_error_set_errno(&c->err, r, "Could not save the VM state");
+    } else if (c->name) {
+        QkSnapshotInfo info = {.name = (char *)c->name, .vm_state_size = s->pos, .icount = -1};
+        r = qk_qcow2_co_snapshot_create(s->bs, &info, &c->err);
+    }
+    QkError e2 = {0};
+    int dr = qk_qcow2_co_vmstate_discard(s->bs, &e2);
+    if (r == 0 && dr < 0) {
+        r = dr;
+        c->err = e2;
+    }
+    c->ret = r;
+}
+
+int qk_image_vmstate_writer_close(QkVmStateStream *w, const char *name, char *errbuf, size_t errlen)
+{
+    Call c = {.s = w, .name = name};
+    qk_co_run(close_entry, &c);
+    if (c.ret < 0) {
+        set_err(errbuf, errlen, c.err.msg);
+    }
+    qk_vmstate_writer_free(w->w);
+    free(w);
+    return (int)c.ret;
+}
+
+uint64_t qk_image_vmstate_peak_memory(const QkVmStateStream *s)
+{
+    return s->w ? qk_vmstate_writer_peak_memory(s->w) : 0;
+}
+
+static void coroutine_fn goto_entry(void *opaque)
+{
+    Call *c = opaque;
+    QkSnapshotInfo *l;
+    int n;
+    c->ret = qk_qcow2_co_snapshot_list(c->s->bs, &l, &n, &c->err);
+    if (c->ret < 0) {
+        return;
+    }
+    /* Same lookup as apply: the id first, then the name. */
+    int hit = -1;
+    for (int i = 0; i < n && hit < 0; i++) {
+        hit = strcmp(l[i].id, c->name) == 0 ? i : -1;
+    }
+    for (int i = 0; i < n && hit < 0; i++) {
+        hit = strcmp(l[i].name, c->name) == 0 ? i : -1;
+    }
+    c->s->size = hit >= 0 ? l[hit].vm_state_size : 0;
+    qk_snapshot_list_free(l, n);
+    c->ret = qk_qcow2_co_snapshot_goto(c->s->bs, c->name, &c->err);
+}
+
+QkVmStateStream *qk_image_vmstate_reader_open(QkImage *img, const char *snapshot,
+                                              const QkVmStateParams *params, uint64_t *size,
+                                              char *errbuf, size_t errlen)
+{
+    QkBlock *bs = qk_image_node(img);
+    if (!qk_block_is_qcow2(bs)) {
+        set_err(errbuf, errlen, "VM state needs a qcow2 image");
+        return NULL;
+    }
+    QkVmStateStream *s = calloc(1, sizeof(*s));
+    if (!s) {
+        set_err(errbuf, errlen, "out of memory");
+        return NULL;
+    }
+    s->bs = bs;
+    Call c = {.s = s, .name = snapshot};
+    qk_co_run(goto_entry, &c);
+    QkVmStateOptions o;
+    fill_opts(bs, params, &o);
+    s->r = c.ret == 0 ? qk_vmstate_reader_new(bs, s->size, &o, NULL) : NULL;
+    if (!s->r) {
+        set_err(errbuf, errlen, c.ret < 0 ? c.err.msg : "out of memory");
+        free(s);
+        return NULL;
+    }
+    *size = s->size;
+    return s;
+}
+
+static void coroutine_fn read_entry(void *opaque)
+{
+    Call *c = opaque;
+    c->ret = qk_vmstate_read(c->s->r, c->s->pos, c->buf, c->len);
+}
+
+int64_t qk_image_vmstate_read(QkVmStateStream *r, void *buf, size_t len)
+{
+    Call c = {.s = r, .buf = buf, .len = len};
+    qk_co_run(read_entry, &c);
+    if (c.ret > 0) {
+        r->pos += (uint64_t)c.ret;
+    }
+    return c.ret;
+}
+
+static void coroutine_fn reader_close_entry(void *opaque)
+{
+    Call *c = opaque;
+    qk_vmstate_reader_close(c->s->r);
+    c->ret = qk_qcow2_co_vmstate_discard(c->s->bs, &c->err);
+}
+
+void qk_image_vmstate_reader_close(QkVmStateStream *r)
+{
+    if (!r) {
+        return;
+    }
+    Call c = {.s = r};
+    qk_co_run(reader_close_entry, &c);
+    free(r);
+}

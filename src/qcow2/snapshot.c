@@ -1,0 +1,580 @@
+/*
+ * Internal snapshots: create (the active L1 copied, every cluster it
+ * reaches counted once more, COPIED cleared so later writes copy), apply
+ * (the snapshot's L1 becomes the active one), delete (its references
+ * dropped, clusters nobody else reaches freed), list, and dropping the
+ * VM-state area from the active L1.
+ *
+ * Refcounts follow QEMU: a data cluster is counted once for every L1 table
+ * (active or snapshot) whose tree reaches it, even through a shared L2.
+ * Crash model: references are added before anything points at the new
+ * structure and dropped only after nothing does, and each switch is one
+ * header write; a crash can leak clusters, never leave one under-counted.
+ * Every entry point quiesces the node and holds s->lock.
+ */
+#include "qcow2/snapshot_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* A run of host-contiguous clusters whose refcounts change together. */
+typedef struct Run {
+    uint64_t start, len;
+} Run;
+
+static int coroutine_fn run_flush(Qcow2State *s, Run *run, int addend)
+{
+    int r = 0;
+    if (run->len && addend) {
+        r = qcow2_update_refcount(s, run->start, run->len, addend);
+    }
+    run->len = 0;
+    return r;
+}
+
+static int coroutine_fn run_add(Qcow2State *s, Run *run, uint64_t off, uint64_t len, int addend)
+{
+    if (run->len && run->start + run->len == off) {
+        run->len += len;
+        return 0;
+    }
+    int r = run_flush(s, run, addend);
+    run->start = off;
+    run->len = len;
+    return r;
+}
+
+/* One L2 table of the walk (see qcow2_walk_l1). */
+static int coroutine_fn walk_l2(Qcow2State *s, uint64_t l2off, int addend, bool fix_copied)
+{
+    void *t;
+    int r = qcow2_cache_get(s->l2_cache, l2off, &t);
+    if (r < 0) {
+        return r;
+    }
+    Run run = {0, 0};
+    bool dirty = false;
+    for (uint64_t j = 0; j < s->l2_entries && r == 0; j++) {
+        uint64_t bm;
+        uint64_t e = qcow2_l2_get(s, t, j, &bm);
+        if (e & QCOW2_OFLAG_COMPRESSED) {
+            uint64_t host, len;
+            qcow2_compressed_range(s, e, &host, &len);
+            uint64_t a = qk_align_down(host, s->cluster_size);
+            r = run_add(s, &run, a, qk_align_up(host + len, s->cluster_size) - a, addend);
+            continue;
+        }
+        uint64_t off = e & QCOW2_L2E_OFFSET_MASK;
+        if (!off) {
+            continue;
+        }
+        if (!qk_is_aligned(off, s->cluster_size)) {
+            r = -QK_ECORRUPT;
+            break;
+        }
+        r = run_add(s, &run, off, s->cluster_size, addend);
+        if (r < 0 || !fix_copied) {
+            continue;
+        }
+        uint64_t ne;
+        if (addend > 0) {
+            /* Another L1 now reaches it: shared whatever it was before. */
+            ne = e & ~QCOW2_OFLAG_COPIED;
+        } else {
+            uint64_t rc;
+            r = run_flush(s, &run, addend);
+            if (r == 0) {
+                r = qcow2_get_refcount(s, off >> s->cluster_bits, &rc);
+            }
+            if (r < 0) {
+                break;
+            }
+            ne = rc == 1 ? (e | QCOW2_OFLAG_COPIED) : (e & ~QCOW2_OFLAG_COPIED);
+        }
+        if (ne != e) {
+            qcow2_l2_set(s, t, j, ne, bm);
+            dirty = true;
+        }
+    }
+    if (r == 0) {
+        r = run_flush(s, &run, addend);
+    }
+    if (dirty) {
+        qcow2_cache_mark_dirty(s->l2_cache, t);
+    }
+    qcow2_cache_put(s->l2_cache, &t);
+    return r;
+}
+
+int coroutine_fn qcow2_walk_l1(Qcow2State *s, uint64_t *l1, uint64_t n, int addend, bool fix_copied,
+                               bool *l1_changed)
+{
+    if (l1_changed) {
+        *l1_changed = false;
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t l2off = l1[i] & QCOW2_L1E_OFFSET_MASK;
+        if (!l2off) {
+            continue;
+        }
+        if (!qk_is_aligned(l2off, s->cluster_size)) {
+            return -QK_ECORRUPT;
+        }
+        /* The table is released before its own refcount may drop to 0. */
+        int r = walk_l2(s, l2off, addend, fix_copied);
+        if (r == 0 && addend) {
+            r = qcow2_update_refcount(s, l2off, s->cluster_size, addend);
+        }
+        if (r < 0) {
+            return r;
+        }
+        if (fix_copied) {
+            uint64_t rc;
+            r = qcow2_get_refcount(s, l2off >> s->cluster_bits, &rc);
+            if (r < 0) {
+                return r;
+            }
+            uint64_t ne = rc == 1 ? (l1[i] | QCOW2_OFLAG_COPIED) : (l1[i] & ~QCOW2_OFLAG_COPIED);
+            if (ne != l1[i] && l1_changed) {
+                *l1_changed = true;
+            }
+            l1[i] = ne;
+        }
+    }
+    return 0;
+}
+
+/* Writes n entries of l1 (host order) at off, zero-padded to whole clusters. */
+static int coroutine_fn write_l1(Qcow2State *s, uint64_t off, const uint64_t *l1, uint64_t n, bool strip_copied)
+{
+    uint64_t bytes = qk_align_up(QK_MAX(n * 8, 1), s->cluster_size);
+    uint64_t *be = qk_aligned_zalloc(QK_MAX(4096u, s->bs->mem_alignment), bytes);
+    if (!be) {
+        return -ENOMEM;
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        qcow2_st64(&be[i], strip_copied ? l1[i] & ~QCOW2_OFLAG_COPIED : l1[i]);
+    }
+    int r = qk_co_pwrite(s->bs->file, off, bytes, be, 0);
+    free(be);
+    return r;
+}
+
+/* Writes the in-memory active L1 back in place (after COPIED changes). */
+static int coroutine_fn rewrite_active_l1(Qcow2State *s)
+{
+    return write_l1(s, s->l1_offset, s->l1, s->l1_size, false);
+}
+
+static int coroutine_fn read_l1(Qcow2State *s, uint64_t off, uint64_t n, uint64_t alloc_n, uint64_t **out)
+{
+    uint64_t *t = calloc(QK_MAX(alloc_n, 1), 8);
+    if (!t) {
+        return -ENOMEM;
+    }
+    int r = n ? qk_co_pread(s->bs->file, off, n * 8, t, 0) : 0;
+    if (r < 0) {
+        free(t);
+        return r;
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        t[i] = be64toh(t[i]);
+    }
+    *out = t;
+    return 0;
+}
+
+static uint64_t l1_clusters_bytes(const Qcow2State *s, uint64_t n)
+{
+    return qk_align_up(QK_MAX(n * 8, 1), s->cluster_size);
+}
+
+/* Metadata stable on disk: refcount blocks, then L2 tables, then a flush. */
+static int coroutine_fn sync_all(Qcow2State *s)
+{
+    int r = qcow2_flush_caches(s);
+    return r < 0 ? r : qk_co_flush(s->bs->file);
+}
+
+static void begin(Qcow2State *s)
+{
+    qk_co_block_quiesce_begin(s->bs);
+    qk_co_mutex_lock(&s->lock);
+}
+
+static void end(Qcow2State *s)
+{
+    qk_co_mutex_unlock(&s->lock);
+    qk_block_quiesce_end(s->bs);
+}
+
+static int check_writable(Qcow2State *s, QkError *err)
+{
+    if (s->read_only) {
+        return qk_error_set(err, -EACCES, "Permission denied");
+    }
+    if (s->refcount_max < 2) {
+        return qk_error_set(err, -ENOTSUP, "snapshots need refcounts of at least 2 bits");
+    }
+    return 0;
+}
+
+static int coroutine_fn create_locked(Qcow2State *s, const QkSnapshotInfo *info, QkError *err)
+{
+    Qcow2Snapshot *tab;
+    uint32_t n;
+    int r = qcow2_snapshots_read(s, &tab, &n, NULL, err);
+    if (r < 0) {
+        return r;
+    }
+    char idbuf[24];
+    const char *id = info->id;
+    if (!id || !*id) {
+        snprintf(idbuf, sizeof(idbuf), "%llu", (unsigned long long)qcow2_snapshot_next_id(tab, n));
+        id = idbuf;
+    }
+    if (qcow2_snapshot_find(tab, n, id, NULL) >= 0) {
+        r = qk_error_set(err, -EEXIST, "Snapshot ID '%s' already exists", id);
+    } else if (qcow2_snapshot_find(tab, n, NULL, info->name) >= 0) {
+        r = qk_error_set(err, -EEXIST, "A snapshot named '%s' already exists", info->name);
+    } else if (n >= QCOW2_MAX_SNAPSHOTS) {
+        r = qk_error_set(err, -EFBIG, "Too many snapshots");
+    }
+    Qcow2Snapshot *nt = r == 0 ? realloc(tab, (n + 1) * sizeof(*nt)) : NULL;
+    if (r == 0 && !nt) {
+        r = qk_error_set(err, -ENOMEM, "out of memory");
+    }
+    if (r < 0) {
+        qcow2_snapshots_free(tab, n);
+        return r;
+    }
+    tab = nt;
+    Qcow2Snapshot *sn = &tab[n];
+    memset(sn, 0, sizeof(*sn));
+    sn->id = strdup(id);
+    sn->name = strdup(info->name);
+    sn->l1_size = s->l1_size;
+    sn->vm_state_size = info->vm_state_size;
+    sn->vm_clock_nsec = info->vm_clock_nsec;
+    sn->disk_size = s->h.size;
+    sn->icount = info->icount;
+    sn->date_sec = info->date_sec;
+    sn->date_nsec = info->date_nsec;
+    if (!info->date_sec && !info->date_nsec) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        sn->date_sec = (uint32_t)ts.tv_sec;
+        sn->date_nsec = (uint32_t)ts.tv_nsec;
+    }
+    n++;
+    if (!sn->id || !sn->name) {
+        qcow2_snapshots_free(tab, n);
+        return qk_error_set(err, -ENOMEM, "out of memory");
+    }
+
+    /* The snapshot's copy of L1, written before anything refers to it. */
+    uint64_t l1_bytes = l1_clusters_bytes(s, s->l1_size);
+    int64_t l1off = qcow2_alloc_clusters(s, l1_bytes >> s->cluster_bits);
+    r = l1off < 0 ? (int)l1off : 0;
+    if (r == 0) {
+        sn->l1_offset = (uint64_t)l1off;
+        r = write_l1(s, (uint64_t)l1off, s->l1, s->l1_size, true);
+    }
+    if (r < 0) {
+        qk_error_set_errno(err, r, "Could not write the snapshot's L1 table");
+        goto out;
+    }
+    bool changed;
+    r = qcow2_walk_l1(s, s->l1, s->l1_size, 1, true, &changed);
+    if (r == 0 && changed) {
+        r = rewrite_active_l1(s);
+    }
+    if (r == 0) {
+        r = sync_all(s);
+    }
+    if (r < 0) {
+        qk_error_set_errno(err, r, "Could not update the refcounts");
+        goto out;
+    }
+    r = qcow2_snapshots_write(s, tab, n, err);
+out:
+    qcow2_snapshots_free(tab, n);
+    return r;
+}
+
+int coroutine_fn qk_qcow2_co_snapshot_create(QkBlock *bs, const QkSnapshotInfo *info, QkError *err)
+{
+    Qcow2State *s = qcow2_state(bs);
+    int r = check_writable(s, err);
+    if (r < 0) {
+        return r;
+    }
+    if (!info->name) {
+        return qk_error_set(err, -EINVAL, "a snapshot needs a name");
+    }
+    begin(s);
+    r = qcow2_flush_caches(s);
+    if (r < 0) {
+        qk_error_set_errno(err, r, "Could not write metadata");
+    } else {
+        r = create_locked(s, info, err);
+    }
+    end(s);
+    return r;
+}
+
+static int coroutine_fn goto_locked(Qcow2State *s, const Qcow2Snapshot *sn, QkError *err)
+{
+    if (!qk_is_aligned(sn->disk_size, 512) || sn->disk_size > (1ULL << 62)) {
+        return qk_error_corrupt(err, "snapshot '%s' has an invalid disk size", sn->name);
+    }
+    uint64_t new_size = QK_MAX((uint64_t)sn->l1_size, qcow2_l1_needed(s, sn->disk_size));
+    if (new_size * 8 > QCOW2_MAX_L1_BYTES) {
+        return qk_error_set(err, -EFBIG, "L1 table would be too large");
+    }
+    uint64_t *nl1;
+    int r = read_l1(s, sn->l1_offset, sn->l1_size, new_size, &nl1);
+    if (r < 0) {
+        return qk_error_set_errno(err, r, "Could not read the snapshot's L1 table");
+    }
+    /* The snapshot's tree gains the active reference first... */
+    r = qcow2_walk_l1(s, nl1, sn->l1_size, 1, false, NULL);
+    for (uint64_t i = 0; i < new_size; i++) {
+        nl1[i] &= ~QCOW2_OFLAG_COPIED;
+    }
+    uint64_t l1_bytes = l1_clusters_bytes(s, new_size);
+    int64_t l1off = -1;
+    if (r == 0) {
+        l1off = qcow2_alloc_clusters(s, l1_bytes >> s->cluster_bits);
+        r = l1off < 0 ? (int)l1off : 0;
+    }
+    if (r == 0) {
+        r = write_l1(s, (uint64_t)l1off, nl1, new_size, false);
+    }
+    if (r == 0) {
+        r = sync_all(s);
+    }
+    /* ...then one header write makes it the active L1 with its disk size... */
+    Qcow2Header old_h = s->h;
+    if (r == 0) {
+        s->h.size = sn->disk_size;
+        s->h.l1_size = (uint32_t)new_size;
+        s->h.l1_table_offset = (uint64_t)l1off;
+        r = qcow2_write_header_field(s, QCOW2_HOFF_SIZE_AND_L1, QCOW2_SIZE_AND_L1_LEN);
+        if (r == 0) {
+            r = qk_co_flush(s->bs->file);
+        }
+        if (r < 0) {
+            s->h = old_h;
+        }
+    }
+    if (r < 0) {
+        free(nl1);
+        return qk_error_set_errno(err, r, "Could not switch to the snapshot's L1 table");
+    }
+    uint64_t *old_l1 = s->l1;
+    uint64_t old_n = s->l1_size, old_off = s->l1_offset;
+    s->l1 = nl1;
+    s->l1_size = (uint32_t)new_size;
+    s->l1_offset = (uint64_t)l1off;
+    s->bs->size = sn->disk_size;
+    /* ...and only then does the old tree lose it. */
+    r = qcow2_walk_l1(s, old_l1, old_n, -1, false, NULL);
+    free(old_l1);
+    if (r == 0) {
+        r = qcow2_free_clusters(s, old_off, l1_clusters_bytes(s, old_n));
+    }
+    bool changed;
+    if (r == 0) {
+        r = qcow2_walk_l1(s, s->l1, s->l1_size, 0, true, &changed);
+    }
+    if (r == 0 && changed) {
+        r = rewrite_active_l1(s);
+    }
+    if (r == 0) {
+        r = sync_all(s);
+    }
+    return r < 0 ? qk_error_set_errno(err, r, "Could not update the refcounts") : 0;
+}
+
+int coroutine_fn qk_qcow2_co_snapshot_goto(QkBlock *bs, const char *id_or_name, QkError *err)
+{
+    Qcow2State *s = qcow2_state(bs);
+    int r = check_writable(s, err);
+    if (r < 0) {
+        return r;
+    }
+    begin(s);
+    Qcow2Snapshot *tab = NULL;
+    uint32_t n = 0;
+    r = qcow2_flush_caches(s);
+    if (r < 0) {
+        qk_error_set_errno(err, r, "Could not write metadata");
+    } else {
+        r = qcow2_snapshots_read(s, &tab, &n, NULL, err);
+    }
+    if (r == 0) {
+        int i = qcow2_snapshot_find_id_or_name(tab, n, id_or_name);
+        r = i < 0 ? qk_error_set(err, -ENOENT, "Failed to load snapshot: No such file or directory")
+                  : goto_locked(s, &tab[i], err);
+    }
+    qcow2_snapshots_free(tab, n);
+    end(s);
+    return r;
+}
+
+int coroutine_fn qk_qcow2_co_snapshot_delete(QkBlock *bs, const char *id, const char *name, QkError *err)
+{
+    Qcow2State *s = qcow2_state(bs);
+    int r = check_writable(s, err);
+    if (r < 0) {
+        return r;
+    }
+    begin(s);
+    Qcow2Snapshot *tab = NULL;
+    uint32_t n = 0;
+    r = qcow2_flush_caches(s);
+    if (r < 0) {
+        qk_error_set_errno(err, r, "Could not write metadata");
+    } else {
+        r = qcow2_snapshots_read(s, &tab, &n, NULL, err);
+    }
+    int i = r == 0 ? qcow2_snapshot_find(tab, n, id, name) : -1;
+    if (r == 0 && i < 0) {
+        r = qk_error_set(err, -ENOENT, "snapshot not found");
+    }
+    if (r < 0) {
+        qcow2_snapshots_free(tab, n);
+        end(s);
+        return r;
+    }
+    Qcow2Snapshot gone = tab[i];
+    memmove(&tab[i], &tab[i + 1], (n - (uint32_t)i - 1) * sizeof(*tab));
+    n--;
+    /* Out of the table first: from here a crash only leaks. */
+    r = qcow2_snapshots_write(s, tab, n, err);
+    qcow2_snapshots_free(tab, n);
+    uint64_t *l1 = NULL;
+    if (r == 0) {
+        r = read_l1(s, gone.l1_offset, gone.l1_size, gone.l1_size, &l1);
+        if (r == 0) {
+            r = qcow2_walk_l1(s, l1, gone.l1_size, -1, false, NULL);
+        }
+        free(l1);
+        if (r == 0 && gone.l1_size) {
+            r = qcow2_free_clusters(s, gone.l1_offset, (uint64_t)gone.l1_size * 8);
+        }
+        bool changed;
+        if (r == 0) {
+            r = qcow2_walk_l1(s, s->l1, s->l1_size, 0, true, &changed);
+        }
+        if (r == 0 && changed) {
+            r = rewrite_active_l1(s);
+        }
+        if (r == 0) {
+            r = sync_all(s);
+        }
+        if (r < 0) {
+            qk_error_set_errno(err, r, "Could not free the snapshot's clusters");
+        }
+    }
+    free(gone.id);
+    free(gone.name);
+    free(gone.extra_unknown);
+    end(s);
+    return r;
+}
+
+int coroutine_fn qcow2_drop_l1_tail(Qcow2State *s, uint64_t from)
+{
+    if (from >= s->l1_size) {
+        return 0;
+    }
+    uint64_t n = s->l1_size - from;
+    uint64_t *gone = malloc(n * 8);
+    if (!gone) {
+        return -ENOMEM;
+    }
+    bool any = false;
+    for (uint64_t i = 0; i < n; i++) {
+        gone[i] = s->l1[from + i];
+        any |= (gone[i] & QCOW2_L1E_OFFSET_MASK) != 0;
+        s->l1[from + i] = 0;
+    }
+    int r = 0;
+    if (any) {
+        /* Unhooked on disk before the references go. */
+        r = rewrite_active_l1(s);
+        if (r == 0) {
+            r = qk_co_flush(s->bs->file);
+        }
+        if (r < 0) {
+            memcpy(s->l1 + from, gone, n * 8);
+        } else {
+            r = qcow2_walk_l1(s, gone, n, -1, false, NULL);
+        }
+    }
+    free(gone);
+    return r;
+}
+
+int coroutine_fn qk_qcow2_co_vmstate_discard(QkBlock *bs, QkError *err)
+{
+    Qcow2State *s = qcow2_state(bs);
+    if (s->read_only) {
+        return qk_error_set(err, -EACCES, "Permission denied");
+    }
+    begin(s);
+    int r = qcow2_flush_caches(s);
+    if (r == 0) {
+        r = qcow2_drop_l1_tail(s, qcow2_l1_needed(s, s->h.size));
+    }
+    if (r == 0) {
+        r = sync_all(s);
+    }
+    end(s);
+    return r < 0 ? qk_error_set_errno(err, r, "Could not discard the VM state") : 0;
+}
+
+int coroutine_fn qk_qcow2_co_snapshot_list(QkBlock *bs, QkSnapshotInfo **list, int *count, QkError *err)
+{
+    Qcow2State *s = qcow2_state(bs);
+    Qcow2Snapshot *tab;
+    uint32_t n;
+    *list = NULL;
+    *count = 0;
+    qk_co_mutex_lock(&s->lock);
+    int r = qcow2_snapshots_read(s, &tab, &n, NULL, err);
+    qk_co_mutex_unlock(&s->lock);
+    if (r < 0) {
+        return r;
+    }
+    QkSnapshotInfo *l = calloc(QK_MAX(n, 1), sizeof(*l));
+    if (!l) {
+        qcow2_snapshots_free(tab, n);
+        return qk_error_set(err, -ENOMEM, "out of memory");
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        l[i] = (QkSnapshotInfo){
+            .id = tab[i].id, .name = tab[i].name, .vm_state_size = tab[i].vm_state_size,
+            .date_sec = tab[i].date_sec, .date_nsec = tab[i].date_nsec,
+            .vm_clock_nsec = tab[i].vm_clock_nsec, .disk_size = tab[i].disk_size, .icount = tab[i].icount,
+        };
+        tab[i].id = tab[i].name = NULL; /* moved */
+    }
+    qcow2_snapshots_free(tab, n);
+    *list = l;
+    *count = (int)n;
+    return 0;
+}
+
+void qk_snapshot_list_free(QkSnapshotInfo *list, int n)
+{
+    for (int i = 0; list && i < n; i++) {
+        free(list[i].id);
+        free(list[i].name);
+    }
+    free(list);
+}

@@ -1,0 +1,76 @@
+/*
+ * Internal snapshots of the qcow2 driver, shared between snapshot_table.c
+ * (the on-disk snapshot table), snapshot.c (create, apply, delete) and
+ * vmstate.c (VM state beyond the virtual disk). Nothing outside src/qcow2
+ * includes this; tools use the QkSnapshotInfo calls in qcow2.h.
+ */
+#ifndef QK_QCOW2_SNAPSHOT_INT_H
+#define QK_QCOW2_SNAPSHOT_INT_H
+
+#include "qcow2/qcow2_int.h"
+
+/* nb_snapshots (u32 at 60) and snapshots_offset (u64 at 64) are adjacent,
+ * so one 12-byte header write switches tables atomically. */
+#define QCOW2_HOFF_SNAPSHOTS 60
+/* size (24), crypt_method (32), l1_size (36), l1_table_offset (40): one
+ * 24-byte write replaces the active L1 and the disk size together. */
+#define QCOW2_HOFF_SIZE_AND_L1 24
+#define QCOW2_SIZE_AND_L1_LEN 24
+
+#define QCOW2_SN_FIXED_LEN 40
+/* The extra data fields we know: VM state size, disk size, icount. */
+#define QCOW2_SN_EXTRA_KNOWN 24
+/* v3 images need extra data up to the disk size field. */
+#define QCOW2_SN_EXTRA_V3_MIN 16
+#define QCOW2_SN_MAX_EXTRA 1024
+
+typedef struct Qcow2Snapshot {
+    uint64_t l1_offset;
+    uint32_t l1_size;
+    char *id;
+    char *name;
+    uint32_t date_sec;
+    uint32_t date_nsec;
+    uint64_t vm_clock_nsec;
+    uint64_t vm_state_size;
+    uint64_t disk_size;
+    int64_t icount;              /* -1: not recorded */
+    uint8_t *extra_unknown;      /* extra data past the fields we know, kept */
+    uint32_t extra_unknown_len;
+} Qcow2Snapshot;
+
+/* snapshot_table.c */
+/* Reads and validates the table the header points to; *table_len (when
+ * not NULL) gets its length in bytes on disk. */
+int coroutine_fn qcow2_snapshots_read(Qcow2State *s, Qcow2Snapshot **out, uint32_t *n, uint64_t *table_len,
+                                      QkError *err);
+void qcow2_snapshots_free(Qcow2Snapshot *sn, uint32_t n);
+/* Writes sn[0..n) to new clusters, makes the header point at them, then
+ * frees the old table. A crash leaves the old or the new table, never a
+ * mix; at worst clusters leak. */
+int coroutine_fn qcow2_snapshots_write(Qcow2State *s, const Qcow2Snapshot *sn, uint32_t n, QkError *err);
+/* Index of the first snapshot whose id (when id) and name (when name)
+ * match, or -1. */
+int qcow2_snapshot_find(const Qcow2Snapshot *sn, uint32_t n, const char *id, const char *name);
+/* Index of the snapshot whose id equals s, else whose name does, or -1. */
+int qcow2_snapshot_find_id_or_name(const Qcow2Snapshot *sn, uint32_t n, const char *s);
+/* The next free numeric id: one more than the largest numeric id. */
+uint64_t qcow2_snapshot_next_id(const Qcow2Snapshot *sn, uint32_t n);
+
+/* snapshot.c */
+/* Adds addend (+1, -1 or 0) to the refcount of every L2 table and data
+ * cluster reachable from l1[0..n). With fix_copied, sets COPIED in l1 and
+ * in the L2 entries exactly where the refcount is 1 (*l1_changed says
+ * whether l1 changed). s->lock held. */
+int coroutine_fn qcow2_walk_l1(Qcow2State *s, uint64_t *l1, uint64_t n, int addend, bool fix_copied,
+                               bool *l1_changed);
+/* Drops active L1 entries [from, l1_size) (the VM-state area) and their
+ * clusters. s->lock held. */
+int coroutine_fn qcow2_drop_l1_tail(Qcow2State *s, uint64_t from);
+
+/* vmstate.c */
+uint64_t qcow2_vm_state_offset(const Qcow2State *s);
+int coroutine_fn qcow2_co_save_vmstate(QkBlock *bs, QkIov *qiov, uint64_t pos);
+int coroutine_fn qcow2_co_load_vmstate(QkBlock *bs, QkIov *qiov, uint64_t pos);
+
+#endif
