@@ -217,6 +217,8 @@ static int coroutine_fn get_victim(Qcow2Cache *c)
     }
 }
 
+static bool table_in_file(Qcow2Cache *c, uint64_t offset);
+
 static int coroutine_fn get(Qcow2Cache *c, uint64_t offset, void **table, bool read)
 {
     for (;;) {
@@ -243,6 +245,11 @@ static int coroutine_fn get(Qcow2Cache *c, uint64_t offset, void **table, bool r
         if (lookup(c, offset) >= 0) {
             continue; /* someone loaded it while we made room */
         }
+        if (read && !table_in_file(c, offset)) {
+            /* A table past the end of the file would read as zeros: refcount
+             * blocks would call live clusters free, L2 tables would hide data. */
+            return -QK_ECORRUPT;
+        }
         Entry *e = &c->e[i];
         e->offset = offset;
         e->dirty = false;
@@ -266,6 +273,16 @@ static int coroutine_fn get(Qcow2Cache *c, uint64_t offset, void **table, bool r
         *table = table_of(c, i);
         return 0;
     }
+}
+
+/* True when [offset, offset + table size) lies inside the host file. */
+static bool table_in_file(Qcow2Cache *c, uint64_t offset)
+{
+    if (qk_range_within(offset, c->table_size, c->s->file_size)) {
+        return true;
+    }
+    int64_t len = qk_block_length(c->s->bs->file);
+    return len >= 0 && qk_range_within(offset, c->table_size, (uint64_t)len);
 }
 
 int coroutine_fn qcow2_cache_get(Qcow2Cache *c, uint64_t offset, void **table)

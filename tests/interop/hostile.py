@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Hostile and truncated images: every damaged image must be refused (or,
+for damage deep in the tables, reported) with a clear message and exit
+status 1, without a crash or sanitizer report and without a single byte of
+the file changing.
+
+Usage: hostile.py QCOWKIT WORKDIR
+"""
+import hashlib
+import os
+import struct
+import subprocess
+import sys
+
+def sh(cmd):
+    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+def make_base(work):
+    path = os.path.join(work, "base.qcow2")
+    sh(["qemu-img", "create", "-q", "-f", "qcow2", path, "64M"])
+    sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x11 0 256k", "-c", "write -P 0x22 32M 64k", path])
+    with open(path, "rb") as f:
+        return bytearray(f.read())
+
+def be(fmt, buf, off, val):
+    struct.pack_into(">" + fmt, buf, off, val)
+
+def field(fmt, off, val):
+    def f(img):
+        be(fmt, img, off, val)
+        return img
+    return f
+
+def truncate(n):
+    return lambda img: img[:n]
+
+def l1_entry(img):
+    return struct.unpack_from(">Q", img, struct.unpack_from(">Q", img, 40)[0])[0]
+
+def bad_l1_entry(val):
+    def f(img):
+        l1 = struct.unpack_from(">Q", img, 40)[0]
+        be("Q", img, l1, val)
+        return img
+    return f
+
+def bad_l2_entry(val):
+    def f(img):
+        l2 = l1_entry(img) & 0x00fffffffffffe00
+        be("Q", img, l2, val)
+        return img
+    return f
+
+def bad_refblock_entry(img):
+    rt = struct.unpack_from(">Q", img, 48)[0]
+    be("Q", img, rt, 0x7fffffff0000)  # refcount block far outside the file
+    return img
+
+# (name, mutation, commands that must fail with exit 1, expected message fragment)
+OPEN_FAIL = ["info", "io -c 'read 0 4k'"]
+CASES = [
+    ("empty file", truncate(0), OPEN_FAIL, ""),
+    ("truncated header", truncate(50), OPEN_FAIL, ""),
+    ("tables cut off", truncate(70000), OPEN_FAIL, ""),
+    ("version 4", field("I", 4, 4), OPEN_FAIL, "version"),
+    ("cluster_bits 8", field("I", 20, 8), OPEN_FAIL, "cluster"),
+    ("cluster_bits 30", field("I", 20, 30), OPEN_FAIL, "cluster"),
+    ("encrypted", field("I", 32, 1), OPEN_FAIL, "encrypt"),
+    ("huge l1_size", field("I", 36, 0x7fffffff), OPEN_FAIL, "L1"),
+    ("l1 unaligned", field("Q", 40, 0x30200), OPEN_FAIL, "L1"),
+    ("l1 in header", field("Q", 40, 0), OPEN_FAIL, ""),
+    ("l1 beyond eof", field("Q", 40, 0x10000000000), OPEN_FAIL, ""),
+    ("refcount table in header", field("Q", 48, 0), OPEN_FAIL, "refcount"),
+    ("refcount table unaligned", field("Q", 48, 0x10100), OPEN_FAIL, "refcount"),
+    ("refcount table huge", field("I", 56, 0x7fffffff), OPEN_FAIL, "refcount"),
+    ("snapshot table beyond eof", lambda img: (be("I", img, 60, 5), be("Q", img, 64, 0x100000000), img)[2], OPEN_FAIL, "snapshot"),
+    ("unknown incompatible bit", field("Q", 72, 1 << 60), OPEN_FAIL, "incompatible feature"),
+    ("refcount_order 7", field("I", 96, 7), OPEN_FAIL, "refcount"),
+    ("header_length 50", field("I", 100, 50), OPEN_FAIL, "header"),
+    ("virtual size 2^63", field("Q", 24, 1 << 63), OPEN_FAIL, ""),
+    ("backing name beyond eof", lambda img: (be("Q", img, 8, 0x7fff0000), be("I", img, 16, 100), img)[2], OPEN_FAIL, "backing"),
+    ("backing name too long", lambda img: (be("Q", img, 8, 0x200), be("I", img, 16, 5000), img)[2], OPEN_FAIL, "backing"),
+    ("corrupt bit set, opened rw", field("Q", 72, 2), ["io -c 'write 0 4k'"], "corrupt"),
+    # Damage inside the tables: opening may succeed, but damaged metadata is
+    # never trusted: reads through it fail, and allocation never uses a
+    # refcount block it cannot read.
+    ("L1 entry unaligned", bad_l1_entry(0x8000000000030200), ["io -c 'read 0 4k'"], ""),
+    ("L1 entry beyond eof", bad_l1_entry(0x8000100000000000), ["io -c 'read 0 4k'"], ""),
+    ("L2 entry unaligned", bad_l2_entry(0x8000000000050200), ["io -c 'read 0 4k'"], ""),
+    ("refcount block beyond eof", bad_refblock_entry, ["io -c 'write 1M 4k'"], ""),
+]
+
+# Damage that reads harmlessly (as QEMU reads it: a data cluster past the end
+# of the file reads as zeros) but that check must report as corruption.
+CHECK_ONLY = [
+    ("L2 entry beyond eof", bad_l2_entry(0x8000100000000000)),
+    ("L1 entry unaligned", bad_l1_entry(0x8000000000030200)),
+    ("refcount block beyond eof", bad_refblock_entry),
+]
+
+def main():
+    qcowkit, work = sys.argv[1], sys.argv[2]
+    base = make_base(work)
+    env = dict(os.environ)
+    env["ASAN_OPTIONS"] = "exitcode=99:detect_leaks=1"
+    env["UBSAN_OPTIONS"] = "halt_on_error=1:exitcode=98:print_stacktrace=1"
+    fails = 0
+    for name, mut, cmds, frag in CASES:
+        img = mut(bytearray(base))
+        path = os.path.join(work, "hostile.qcow2")
+        with open(path, "wb") as f:
+            f.write(img)
+        before = hashlib.sha256(open(path, "rb").read()).hexdigest()
+        for cmd in cmds:
+            full = "%s %s -f qcow2 %s" % (qcowkit, cmd.split(" ", 1)[0], cmd.split(" ", 1)[1] + " " if " " in cmd else "") + path
+            p = subprocess.run(full, shell=True, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            out = p.stdout
+            ok = True
+            why = []
+            # qemu-io convention: a failing command inside `io` still exits 0
+            # there; we treat any exit status except a crash (>= 98, signals) as
+            # acceptable only when the message says what is wrong.
+            if p.returncode not in (0, 1):
+                ok = False; why.append("exit %d" % p.returncode)
+            if "Sanitizer" in out or "runtime error" in out:
+                ok = False; why.append("sanitizer report")
+            low = out.lower()
+            if not any(w in low for w in ("corrupt", "invalid", "error", "unsupported", "not supported", "failed", "could not", "too ")):
+                ok = False; why.append("no clear error message")
+            if frag and frag.lower() not in low:
+                ok = False; why.append("message lacks %r" % frag)
+            after = hashlib.sha256(open(path, "rb").read()).hexdigest()
+            if after != before and "rw" not in name:
+                ok = False; why.append("file changed")
+            print("%s %-28s %-22s %s" % ("ok  " if ok else "FAIL", name, cmd.split(" ")[0], out.strip().splitlines()[-1][:110] if out.strip() else ""))
+            if not ok:
+                fails += 1
+                print("     -> " + ", ".join(why))
+                print("     " + out.strip().replace("\n", "\n     ")[:2000])
+        chk = subprocess.run([qcowkit.split()[0], "check", "-f", "qcow2", path], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if chk.returncode >= 4 or "Sanitizer" in chk.stdout or "runtime error" in chk.stdout:
+            fails += 1
+            print("FAIL %-28s check crashed or odd exit %d\n%s" % (name, chk.returncode, chk.stdout[-1500:]))
+    for name, mut in CHECK_ONLY:
+        path = os.path.join(work, "hostile.qcow2")
+        with open(path, "wb") as f:
+            f.write(mut(bytearray(base)))
+        before = hashlib.sha256(open(path, "rb").read()).hexdigest()
+        rd = subprocess.run([qcowkit, "io", "-f", "qcow2", "-c", "read 0 64k", path], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        chk = subprocess.run([qcowkit, "check", "-f", "qcow2", path], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        after = hashlib.sha256(open(path, "rb").read()).hexdigest()
+        ok = (rd.returncode in (0, 1) and chk.returncode == 2 and before == after and
+              "Sanitizer" not in rd.stdout + chk.stdout and "runtime error" not in rd.stdout + chk.stdout)
+        print("%s %-28s check exit %d" % ("ok  " if ok else "FAIL", name, chk.returncode))
+        if not ok:
+            fails += 1
+            print("     " + (rd.stdout + chk.stdout).strip().replace("\n", "\n     ")[:2000])
+    print("%d cases, %d failures" % (len(CASES) + len(CHECK_ONLY), fails))
+    sys.exit(1 if fails else 0)
+
+if __name__ == "__main__":
+    main()
