@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing, builds, and runs qcowkit on
 # scratch images: a short tour of the tool, then the benchmarks.
-# Usage: scripts/main.sh [--quick]
+# Usage: scripts/main.sh [--quick | --full] [--runs N] [--only SUBSTR]
+#   (default: 3 runs of every workload, about half an hour; --quick: 1 run
+#   with smaller counts, a few minutes)
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
@@ -21,7 +23,10 @@ set -x
 set +x
 
 echo
-echo "== benchmarks"
+echo "== benchmark suite (qcowkit vs qemu-img vs fio; tables also in bench/results/)"
+python3 bench/suite.py "$@"
+echo
+echo "== runtime micro-benchmarks"
 runs=3
 [ "${1:-}" = "--quick" ] && runs=1
 bash bench/runtime.sh "$runs" 2

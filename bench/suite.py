@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+"""qcowkit benchmark suite: runs each workload on every system side by side,
+N times, on fresh scratch images, and prints Markdown tables of medians with
+their spread plus ratio columns. Results also go to JSON, and a gnuplot PNG
+shows the ratios per workload.
+
+Usage: bench/suite.py [--quick | --full] [--runs N] [--only SUBSTR]
+                      [--out DIR] [--dir SCRATCH]
+
+Systems: qcowkit, qcowkit with an ablation option where a workload has one,
+qemu-img bench (QEMU from Debian), fio on a raw file (fully written, or
+preallocated with fallocate, and fresh) as the physical limit.
+Timing comes from each tool's own report ("Run completed in X seconds." or
+fio's job runtime), so image creation is never counted. Peak resident memory
+is measured with /usr/bin/time.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QCOWKIT = os.environ.get("QCOWKIT_BIN", os.path.join(TOP, "build", "tools", "qcowkit"))
+GIB = 1 << 30
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def must(cmd):
+    p = sh(cmd)
+    if p.returncode != 0:
+        raise RuntimeError("%s failed (%d):\n%s" % (" ".join(cmd), p.returncode, p.stdout))
+    return p.stdout
+
+
+def timed(cmd):
+    """Runs cmd under /usr/bin/time; returns (stdout, peak RSS KiB)."""
+    fd, tfile = tempfile.mkstemp()
+    os.close(fd)
+    try:
+        p = sh(["/usr/bin/time", "-f", "%M", "-o", tfile] + cmd)
+        if p.returncode != 0:
+            raise RuntimeError("%s failed (%d):\n%s" % (" ".join(cmd), p.returncode, p.stdout[-3000:]))
+        with open(tfile) as f:
+            rss = int(f.read().strip().splitlines()[-1])
+        return p.stdout, rss
+    finally:
+        os.unlink(tfile)
+
+
+def bench_seconds(out):
+    m = re.search(r"Run completed in ([0-9.]+) seconds", out)
+    if not m:
+        raise RuntimeError("no 'Run completed' line in:\n" + out[-2000:])
+    return float(m.group(1))
+
+
+# ---- image preparation -------------------------------------------------
+
+def prep_qcow2(path, size, ext_l2, fill=False):
+    if os.path.exists(path):
+        os.unlink(path)
+    must(["qemu-img", "create", "-q", "-f", "qcow2", "-o",
+          "extended_l2=%s" % ("on" if ext_l2 else "off"), path, str(size)])
+    if fill:
+        must(["qemu-io", "-f", "qcow2", "-t", "none", "-c", "write -P 0x5a 0 %d" % size, path])
+
+
+def prep_raw(path, size, mode):
+    if os.path.exists(path):
+        os.unlink(path)
+    if mode == "fresh":
+        must(["truncate", "-s", str(size), path])
+    elif mode == "falloc":
+        must(["fallocate", "-l", str(size), path])
+    else:  # fully written
+        must(["dd", "if=/dev/zero", "of=" + path, "bs=1M", "count=%d" % (size >> 20),
+              "oflag=direct", "status=none"])
+
+
+# ---- systems -----------------------------------------------------------
+
+def bench_args(w):
+    a = ["-c", str(w["count"]), "-d", str(w["depth"]), "-s", str(w["size"]), "-t", w["cache"]]
+    if w.get("offset"):
+        a += ["-o", str(w["offset"])]
+    if w.get("step"):
+        a += ["-S", str(w["step"])]
+    if w["write"]:
+        a += ["-w"]
+    if w["cache"] in ("none", "directsync"):
+        a += ["-n"]
+    return a
+
+
+def run_qcowkit(w, img, extra):
+    out, rss = timed([QCOWKIT, "bench", "-f", "qcow2"] + bench_args(w) + extra + [img])
+    return bench_seconds(out), rss
+
+
+def run_qemu(w, img):
+    out, rss = timed(["qemu-img", "bench", "-f", "qcow2"] + bench_args(w) + [img])
+    return bench_seconds(out), rss
+
+
+def run_fio(w, raw):
+    rw = ("rand" if w.get("random") else "") + ("write" if w["write"] else "read")
+    cmd = ["fio", "--name=job", "--filename=" + raw, "--ioengine=io_uring",
+           "--direct=%d" % (1 if w["cache"] in ("none", "directsync") else 0),
+           "--rw=" + rw, "--bs=%d" % w["size"], "--iodepth=%d" % w["depth"],
+           "--io_size=%d" % (w["count"] * w["size"]), "--size=%d" % w["image"],
+           "--offset=%d" % w.get("offset", 0), "--output-format=json"]
+    if w.get("random"):
+        cmd += ["--randrepeat=1", "--norandommap"]
+    out, rss = timed(cmd)
+    j = json.loads(out[out.index("{"):])
+    return j["jobs"][0]["job_runtime"] / 1000.0, rss
+
+
+# ---- workloads ---------------------------------------------------------
+
+def workloads(quick):
+    c_small = 20000 if quick else 100000
+    c_4k = 50000 if quick else 200000
+    c_64k = 4000 if quick else 16384
+    wl = []
+    for ext in (True, False):
+        for name, size, off in (("2K", 2048, 0), ("2K -o 512", 2048, 512), ("2560", 2560, 0)):
+            wl.append(dict(group="small writes into a fresh 1G image (-d 8 -w -t none -n)",
+                           name="-s %s, extended_l2=%s" % (name, "on" if ext else "off"),
+                           count=c_small, depth=8, size=size, offset=off, write=True, cache="none",
+                           image=GIB, ext_l2=ext, fresh=True,
+                           ablation=["--strict-alloc-deps"] if ext else None,
+                           fio=["falloc", "written", "fresh"]))
+    for cache in ("none", "writeback"):
+        for write in (True, False):
+            wl.append(dict(group="4k random I/O at depth 32 on an allocated 1G image",
+                           name="4k rand%s, cache=%s" % ("write" if write else "read", cache),
+                           count=c_4k, depth=32, size=4096, step=4096 * 40503, write=write,
+                           random=True, cache=cache, image=GIB, ext_l2=False, fresh=False,
+                           fio=["written"]))
+            wl.append(dict(group="64k sequential I/O on an allocated 1G image",
+                           name="64k seq %s, cache=%s" % ("write" if write else "read", cache),
+                           count=c_64k, depth=8, size=65536, write=write, cache=cache,
+                           image=GIB, ext_l2=False, fresh=False, fio=["written"]))
+    return wl
+
+
+def fmt_cell(vals, unit="s"):
+    if not vals:
+        return "–"
+    med = statistics.median(vals)
+    spread = 100.0 * (max(vals) - min(vals)) / (2 * med) if med else 0
+    return "%.3f %s ± %.0f%%" % (med, unit, spread)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--full", action="store_true")
+    ap.add_argument("--runs", type=int)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--out", default=os.path.join(TOP, "bench", "results"))
+    ap.add_argument("--dir", default="/var/tmp")
+    a = ap.parse_args()
+    runs = a.runs or (1 if a.quick else 5 if a.full else 3)
+    os.makedirs(a.out, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix="qk-suite.", dir=a.dir)
+    results = []
+    try:
+        qimg = os.path.join(scratch, "img.qcow2")
+        raw = os.path.join(scratch, "img.raw")
+        filled = {}
+        for w in workloads(a.quick):
+            if a.only and a.only not in w["name"] and a.only not in w["group"]:
+                continue
+            systems = {"qcowkit": [], "qemu-img": []}
+            if w.get("ablation"):
+                systems["qcowkit " + " ".join(w["ablation"])] = []
+            for m in w["fio"]:
+                systems["fio raw " + m] = []
+            rss = {k: [] for k in systems}
+            for r in range(runs):
+                # Alternate the order so drift on a shared disk hits every system.
+                order = list(systems) if r % 2 == 0 else list(reversed(list(systems)))
+                for sysname in order:
+                    if sysname.startswith("fio"):
+                        mode = sysname.split()[-1]
+                        if w["fresh"] or mode != "written" or raw not in filled:
+                            prep_raw(raw, w["image"], mode)
+                            filled[raw] = mode == "written"
+                        t, m = run_fio(w, raw)
+                    else:
+                        key = ("q", w["ext_l2"])
+                        if w["fresh"] or filled.get(qimg) != key:
+                            prep_qcow2(qimg, w["image"], w["ext_l2"], fill=not w["fresh"])
+                            filled[qimg] = None if w["fresh"] else key
+                        if sysname == "qemu-img":
+                            t, m = run_qemu(w, qimg)
+                        else:
+                            extra = w["ablation"] if sysname != "qcowkit" else []
+                            t, m = run_qcowkit(w, qimg, extra)
+                    systems[sysname].append(t)
+                    rss[sysname].append(m)
+                    print("  %-45s %-40s run %d: %.3f s, %d KiB" % (w["name"], sysname, r + 1, t, m),
+                          file=sys.stderr, flush=True)
+            results.append(dict(workload=w["name"], group=w["group"], runs=runs,
+                                seconds=systems, peak_rss_kib=rss))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    machine = "%s cores, %s, kernel %s" % (os.cpu_count(), sh(["sh", "-c", "df -h /var/tmp | tail -1 | awk '{print $1}'"]).stdout.strip(),
+                                           os.uname().release)
+    with open(os.path.join(a.out, "latest.json"), "w") as f:
+        json.dump(dict(date=stamp, machine=machine, runs=runs, results=results), f, indent=1)
+
+    lines = ["Benchmark suite, %s; %s; %d run(s) each, median ± spread (half the range, %% of median)." % (stamp, machine, runs), ""]
+    groups = []
+    for r in results:
+        if r["group"] not in groups:
+            groups.append(r["group"])
+    for g in groups:
+        rows = [r for r in results if r["group"] == g]
+        cols = []
+        for r in rows:
+            for s in r["seconds"]:
+                if s not in cols:
+                    cols.append(s)
+        lines.append("### " + g)
+        lines.append("")
+        lines.append("| workload | " + " | ".join(cols) + " | qcowkit / qemu-img | qcowkit / fio | qcowkit RSS / qemu-img RSS |")
+        lines.append("|---" * (len(cols) + 4) + "|")
+        for r in rows:
+            cells = [fmt_cell(r["seconds"].get(c, [])) for c in cols]
+            med = {c: statistics.median(v) for c, v in r["seconds"].items() if v}
+            ratio_q = "%.2f" % (med["qcowkit"] / med["qemu-img"]) if med.get("qemu-img") else "–"
+            fio_keys = [c for c in med if c.startswith("fio") and ("falloc" in c or c.endswith("written"))]
+            fk = "fio raw falloc" if "fio raw falloc" in med else (fio_keys[0] if fio_keys else None)
+            ratio_f = "%.2f (%s)" % (med["qcowkit"] / med[fk], fk.split()[-1]) if fk else "–"
+            rs = r["peak_rss_kib"]
+            ratio_m = "%.2f" % (statistics.median(rs["qcowkit"]) / statistics.median(rs["qemu-img"])) if rs.get("qemu-img") else "–"
+            lines.append("| %s | %s | %s | %s | %s |" % (r["workload"], " | ".join(cells), ratio_q, ratio_f, ratio_m))
+        lines.append("")
+    table = "\n".join(lines)
+    with open(os.path.join(a.out, "latest.md"), "w") as f:
+        f.write(table + "\n")
+    print(table)
+    plot(results, a.out)
+
+
+def plot(results, out):
+    if not shutil.which("gnuplot") or not results:
+        return
+    dat = os.path.join(out, "ratios.dat")
+    with open(dat, "w") as f:
+        for i, r in enumerate(results):
+            med = {c: statistics.median(v) for c, v in r["seconds"].items() if v}
+            if "qemu-img" in med and "qcowkit" in med:
+                f.write('%d "%s" %.4f\n' % (i, r["workload"].replace('"', ""), med["qcowkit"] / med["qemu-img"]))
+    script = """set terminal png size 1200,600
+set output '%s'
+set style fill solid
+set boxwidth 0.6
+set ylabel 'qcowkit time / qemu-img time (lower is better)'
+set xtics rotate by 30 right font ',8'
+set grid ytics
+set yrange [0:*]
+plot '%s' using 1:3:xtic(2) with boxes notitle, 1 with lines lc 'red' title 'qemu-img', 0.5 with lines lc 'green' title 'target 0.5'
+""" % (os.path.join(out, "ratios.png"), dat)
+    sh(["gnuplot", "-e", script])
+
+
+if __name__ == "__main__":
+    main()
