@@ -100,19 +100,23 @@ static void coroutine_fn file_close(QkBlock *bs)
     }
 }
 
-/* Reads exactly [off, off+q->size) from the host, zero-filling past EOF. */
-static int coroutine_fn host_read_full(FileState *s, uint64_t off, QkIov *q)
+/* Transfers exactly [off, off+q->size), resubmitting after short
+ * transfers. A read that hits EOF zero-fills the rest; a write that makes
+ * no progress fails with -EIO. */
+static int coroutine_fn host_rw_full(FileState *s, uint64_t off, QkIov *q, bool write)
 {
     size_t done = 0;
     while (done < q->size) {
-        ssize_t n;
-        if (done == 0) {
-            n = qk_co_host_preadv(s->fd, q->iov, q->niov, off);
-        } else {
-            QkIov rest;
+        QkIov rest;
+        QkIov *cur = q;
+        if (done) {
             qk_iov_init(&rest, q->niov);
             qk_iov_concat(&rest, q, done, q->size - done);
-            n = qk_co_host_preadv(s->fd, rest.iov, rest.niov, off + done);
+            cur = &rest;
+        }
+        ssize_t n = write ? qk_co_host_pwritev(s->fd, cur->iov, cur->niov, off + done)
+                          : qk_co_host_preadv(s->fd, cur->iov, cur->niov, off + done);
+        if (done) {
             qk_iov_destroy(&rest);
         }
         if (n == -EINTR || n == -EAGAIN) {
@@ -122,6 +126,9 @@ static int coroutine_fn host_read_full(FileState *s, uint64_t off, QkIov *q)
             return (int)n;
         }
         if (n == 0) {
+            if (write) {
+                return -EIO;
+            }
             qk_iov_memset(q, done, 0, q->size - done);
             return 0;
         }
@@ -130,32 +137,14 @@ static int coroutine_fn host_read_full(FileState *s, uint64_t off, QkIov *q)
     return 0;
 }
 
+static int coroutine_fn host_read_full(FileState *s, uint64_t off, QkIov *q)
+{
+    return host_rw_full(s, off, q, false);
+}
+
 static int coroutine_fn host_write_full(FileState *s, uint64_t off, QkIov *q)
 {
-    size_t done = 0;
-    while (done < q->size) {
-        ssize_t n;
-        if (done == 0) {
-            n = qk_co_host_pwritev(s->fd, q->iov, q->niov, off);
-        } else {
-            QkIov rest;
-            qk_iov_init(&rest, q->niov);
-            qk_iov_concat(&rest, q, done, q->size - done);
-            n = qk_co_host_pwritev(s->fd, rest.iov, rest.niov, off + done);
-            qk_iov_destroy(&rest);
-        }
-        if (n == -EINTR || n == -EAGAIN) {
-            continue;
-        }
-        if (n < 0) {
-            return (int)n;
-        }
-        if (n == 0) {
-            return -EIO;
-        }
-        done += (size_t)n;
-    }
-    return 0;
+    return host_rw_full(s, off, q, true);
 }
 
 static bool needs_bounce(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *q)
