@@ -12,9 +12,17 @@
 #include <unistd.h>
 
 #define RING_ENTRIES 256
+/* Buffered reads and writes io_uring can do without blocking run inside
+ * io_uring_enter on the loop thread: a 1 MiB copy from the page cache holds
+ * the loop (and every NBD request behind it) for a millisecond or more.
+ * From this size on, requests go straight to the kernel's workers; below
+ * it, running inline is cheaper than the hand-off. QCOWKIT_URING_ASYNC_MIN
+ * overrides it (0: never) so the trade-off can be measured. */
+#define ASYNC_MIN_DEFAULT (128u << 10)
 
 typedef struct Uring {
     struct io_uring ring;
+    size_t async_min;
     QkAioReq *overflow_head, *overflow_tail; /* waiting for a free SQE */
     unsigned queued;    /* SQEs prepared but not submitted */
     unsigned in_flight; /* submitted, not completed */
@@ -41,6 +49,15 @@ static bool prep(Uring *u, QkAioReq *req)
         break;
     default:
         abort();
+    }
+    if (u->async_min && (req->op == QK_AIO_READ || req->op == QK_AIO_WRITE)) {
+        size_t len = 0;
+        for (int i = 0; i < req->iovcnt; i++) {
+            len += req->iov[i].iov_len;
+        }
+        if (len >= u->async_min) {
+            io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
+        }
     }
     io_uring_sqe_set_data(sqe, req);
     u->queued++;
@@ -147,6 +164,11 @@ void *qk_uring_backend_new(QkAioBackend *ops, int *errno_out)
         *errno_out = -r;
         free(u);
         return NULL;
+    }
+    u->async_min = ASYNC_MIN_DEFAULT;
+    const char *env = getenv("QCOWKIT_URING_ASYNC_MIN");
+    if (env && *env) {
+        u->async_min = (size_t)strtoull(env, NULL, 0);
     }
     ops->name = "io_uring";
     ops->queue = uring_queue;

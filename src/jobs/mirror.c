@@ -64,6 +64,12 @@ struct Mirror {
     bool switched;                /* users moved to the target: forward everything */
     uint64_t bulk_cursor;
     uint64_t in_flight_bytes;
+    /* Copy buffers of max_op bytes, kept for the job's life: a fresh
+     * allocation per chunk is an mmap whose every page faults in during
+     * the read and whose munmap shoots down TLBs on every CPU, which cost
+     * more than the copy itself. At most max_in_flight exist. */
+    void **bufs;
+    int nbufs;
     QkError err;                  /* first copy error */
     QkMirrorStats st;
 };
@@ -172,6 +178,30 @@ static int coroutine_fn copy_zeroes(Mirror *m, uint64_t off, uint64_t bytes)
     return 0;
 }
 
+static void *buf_get(Mirror *m)
+{
+    if (m->nbufs > 0) {
+        return m->bufs[--m->nbufs];
+    }
+    return qk_aligned_alloc(m->buf_align, (size_t)qk_align_up(m->max_op, m->buf_align));
+}
+
+static void buf_put(Mirror *m, void *buf)
+{
+    if (buf && m->nbufs < m->o.max_in_flight) {
+        m->bufs[m->nbufs++] = buf;
+    } else {
+        free(buf);
+    }
+}
+
+static void bufs_release(Mirror *m)
+{
+    while (m->nbufs > 0) {
+        free(m->bufs[--m->nbufs]);
+    }
+}
+
 static int coroutine_fn copy_op(MirrorOp *op)
 {
     Mirror *m = op->m;
@@ -193,8 +223,11 @@ static int coroutine_fn copy_op(MirrorOp *op)
                 r = copy_zeroes(m, pos, pnum);
             }
         } else {
+            /* Buffers hold max_op, and a bulk zero op may have been
+             * written since it was queued: copy such data in pieces. */
+            pnum = QK_MIN(pnum, m->max_op);
             if (!buf) {
-                buf = qk_aligned_alloc(m->buf_align, (size_t)qk_align_up(op->bytes, m->buf_align));
+                buf = buf_get(m);
                 if (!buf) {
                     r = qk_error_set(&m->err, -ENOMEM, "out of memory");
                     break;
@@ -216,7 +249,7 @@ static int coroutine_fn copy_op(MirrorOp *op)
             pos += pnum;
         }
     }
-    free(buf);
+    buf_put(m, buf);
     return r;
 }
 
@@ -544,6 +577,7 @@ static int coroutine_fn mirror_run(QkJob *job, QkError *err)
         qk_block_quiesce_end(m->src);
     }
     update_progress(m);
+    bufs_release(m); /* a finished job that is never dismissed keeps no memory */
     /* From here on the job holds nothing on either node: the caller may
      * close them as soon as it learns that the job has finished. */
     release_bitmap(m);
@@ -565,6 +599,8 @@ static void mirror_free(QkJob *job)
     Mirror *m = (Mirror *)job;
     release_bitmap(m); /* only when the job never ran */
     qk_task_pool_free(m->pool);
+    bufs_release(m);
+    free(m->bufs);
     free(m);
 }
 
@@ -632,11 +668,13 @@ QkJob *qk_mirror_start(const char *id, QkBlock *source, QkBlock *target,
                        m->gran);
     m->buf_align = QK_MAX(QK_MAX(source->mem_alignment, target->mem_alignment), 4096u);
     m->pool = qk_task_pool_new(o.max_in_flight);
-    if (!m->pool || qk_job_init(&m->job, &mirror_driver, id, err) < 0) {
-        if (!m->pool) {
+    m->bufs = calloc((size_t)o.max_in_flight, sizeof(*m->bufs));
+    if (!m->pool || !m->bufs || qk_job_init(&m->job, &mirror_driver, id, err) < 0) {
+        if (!m->pool || !m->bufs) {
             qk_error_set(err, -ENOMEM, "out of memory");
         }
         qk_task_pool_free(m->pool);
+        free(m->bufs);
         free(m);
         return NULL;
     }
