@@ -71,8 +71,10 @@ static int classify(const Qcow2State *s, uint64_t e, uint64_t bitmap, unsigned s
         *type = QCOW2_NORMAL;
         *host = off + ((uint64_t)sc << s->sc_bits);
     } else {
+        /* Unallocated in an allocated cluster: block status reports where
+         * the bytes would go, as QEMU does. */
         *type = QCOW2_UNALLOC;
-        *host = 0;
+        *host = off ? off + ((uint64_t)sc << s->sc_bits) : 0;
     }
     return 0;
 }
@@ -132,6 +134,10 @@ int coroutine_fn qcow2_get_extent(Qcow2State *s, uint64_t off, uint64_t max_byte
                 if (host != ext->host + done || copied != ext->copied) {
                     break;
                 }
+            } else if (type == QCOW2_UNALLOC && (host != 0) != (ext->host != 0)) {
+                break;
+            } else if (type == QCOW2_UNALLOC && host && host != ext->host + done) {
+                break;
             }
         }
         done += n;

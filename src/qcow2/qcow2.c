@@ -50,6 +50,7 @@ static void free_state(Qcow2State *s)
     free(s->l1);
     free(s->rt);
     free(s->zero_buf);
+    qcow2_write_free(s);
     s->l1 = s->rt = NULL;
     s->zero_buf = NULL;
     qcow2_free_extensions(s);
@@ -236,7 +237,7 @@ static int64_t qcow2_get_length(QkBlock *bs)
 static int ext_flags(const QkBlock *bs, const Qcow2Extent *e)
 {
     switch (e->type) {
-    case QCOW2_UNALLOC: return bs->backing ? 0 : QK_BS_ZERO;
+    case QCOW2_UNALLOC: return (bs->backing ? 0 : QK_BS_ZERO) | (e->host ? QK_BS_OFFSET_VALID : 0);
     case QCOW2_ZERO_PLAIN: return QK_BS_ZERO | QK_BS_ALLOCATED;
     case QCOW2_ZERO_ALLOC: return QK_BS_ZERO | QK_BS_ALLOCATED | QK_BS_OFFSET_VALID;
     case QCOW2_NORMAL: return QK_BS_DATA | QK_BS_ALLOCATED | QK_BS_OFFSET_VALID;

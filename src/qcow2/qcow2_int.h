@@ -111,15 +111,34 @@ typedef struct Qcow2Extent {
     bool copied;         /* NORMAL: refcount is exactly 1, writable in place */
 } Qcow2Extent;
 
-/* A request in flight. Plain ones (reads, writes into allocated clusters)
- * only wait for exclusive ones (allocating writes, zeroing, discard) that
- * overlap; exclusive ones wait for anything overlapping. */
+/* What a request in flight does, for the dependency rules in deps.c. */
+typedef enum Qcow2ReqKind {
+    QCOW2_REQ_PLAIN,     /* reads, and writes into allocated subclusters */
+    QCOW2_REQ_ALLOC,     /* an allocating write (new cluster or new subclusters) */
+    QCOW2_REQ_EXCL,      /* zero writes, discard: wait for and block all overlaps */
+} Qcow2ReqKind;
+
+/* A request in flight. For ALLOC, [start, end) is the whole clusters and
+ * the footprint/COW areas say which guest bytes it writes to the host
+ * and which of those are copies of old data (empty ranges when start ==
+ * end). */
 typedef struct Qcow2Req {
     uint64_t start, end;
-    bool exclusive;
+    Qcow2ReqKind kind;
+    bool fresh;                  /* ALLOC: host cluster not in L2 yet */
+    uint64_t foot_start, foot_end;
+    uint64_t cow_start[2], cow_end[2];
     QkCoQueue waiters;
     struct Qcow2Req *prev, *next;
 } Qcow2Req;
+
+/* One slot of the clean-host table (deps.c): a host cluster this session
+ * took from never-used file space, and the subclusters of it that some
+ * write may have put data into. Others still read as zeros on the host. */
+typedef struct Qcow2CleanSlot {
+    uint64_t cluster_plus1;      /* host cluster index + 1; 0 = empty */
+    uint32_t dirty;
+} Qcow2CleanSlot;
 
 typedef struct Qcow2Ext {
     uint32_t type;
@@ -178,6 +197,9 @@ struct Qcow2State {
 
     Qcow2Req *reqs;
     uint8_t *zero_buf;          /* one cluster of zeros, shared */
+    Qcow2CleanSlot *clean;      /* clean-host table (deps.c), lazily made */
+    void *cow_pool[4];          /* spare copy-on-write buffers (write.c) */
+    unsigned cow_pool_n;
 };
 
 static inline Qcow2State *qcow2_state(QkBlock *bs) { return bs->opaque; }
@@ -236,16 +258,29 @@ int coroutine_fn qcow2_grow_l1(Qcow2State *s, uint64_t min_size, QkError *err);
 uint64_t qcow2_l1_needed(const Qcow2State *s, uint64_t size);
 void qcow2_compressed_range(const Qcow2State *s, uint64_t l2e, uint64_t *host, uint64_t *len);
 
-/* req.c (in write.c) */
+/* deps.c: requests in flight and the dependencies between them */
+/* Registers a read or plain write (exclusive = false) or a zero write or
+ * discard (exclusive = true), after waiting for what it conflicts with. */
 void coroutine_fn qcow2_req_begin(Qcow2State *s, Qcow2Req *r, uint64_t start, uint64_t end, bool exclusive);
+/* First request in flight that r must wait for, or NULL. */
+Qcow2Req *qcow2_req_conflict(Qcow2State *s, const Qcow2Req *r);
+/* Registers r without waiting (the caller checked qcow2_req_conflict). */
+void qcow2_req_insert(Qcow2State *s, Qcow2Req *r);
 void qcow2_req_end(Qcow2State *s, Qcow2Req *r);
 int coroutine_fn qcow2_mark_dirty(Qcow2State *s);
+/* Clean-host table: host subclusters known to read as zeros on the host. */
+void qcow2_clean_add(Qcow2State *s, uint64_t host);
+void qcow2_clean_forget(Qcow2State *s, uint64_t host);
+void qcow2_clean_mark(Qcow2State *s, uint64_t host, uint32_t sc_mask);
+bool qcow2_clean_is_zero(const Qcow2State *s, uint64_t host, unsigned sc);
+void qcow2_deps_free(Qcow2State *s);
 
 /* read.c */
 int coroutine_fn qcow2_read_unlocked(Qcow2State *s, uint64_t off, uint64_t bytes, QkIov *qiov, size_t qoff);
 int coroutine_fn qcow2_co_preadv(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov, size_t qoff, int flags);
 
 /* write.c */
+void qcow2_write_free(Qcow2State *s);
 int coroutine_fn qcow2_co_pwritev(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov, size_t qoff, int flags);
 
 /* zero.c */

@@ -1,9 +1,13 @@
 /*
  * Zero writes and discard. Whole clusters are handled in the L2 tables
- * (zero flag on v3, freeing host clusters on unmap or discard); partial
- * clusters at the edges of a zero write are written as zeros unless they
- * already read as zeros. v2 images have no zero flag: zero writes fall
- * back to the block layer's generic path.
+ * (zero flag on v3, freeing host clusters on unmap or discard); with
+ * extended L2, whole subclusters of a partly covered cluster get their
+ * zero bits set (the host cluster stays). Partial units (subclusters, or
+ * clusters with standard L2) at the edges of a zero write are written as
+ * zeros unless they already read as zeros (or, when the whole unit does,
+ * get its zero bit, as QEMU does); discard leaves partial clusters alone.
+ * v2 images have no zero flag: zero writes fall back to the block
+ * layer's generic path.
  */
 #include "qcow2/qcow2_int.h"
 
@@ -88,22 +92,81 @@ static int coroutine_fn modify_table(Qcow2State *s, uint64_t c, uint64_t n, int 
     return r;
 }
 
+/* Sets the zero bits of the subclusters in mask of cluster c (extended
+ * L2, a partly covered cluster). Returns 1 when the cluster is compressed:
+ * its subclusters have no bits, the caller writes zeros instead. */
+static int coroutine_fn modify_subclusters(Qcow2State *s, uint64_t c, uint32_t mask, int mode)
+{
+    QkBlock *bs = s->bs;
+    uint64_t l1i = c >> s->l2_bits;
+    if (l1i >= s->l1_size) {
+        return 0;
+    }
+    if (!(s->l1[l1i] & QCOW2_L1E_OFFSET_MASK) && !bs->backing) {
+        return 0;
+    }
+    int r = qcow2_mark_dirty(s);
+    void *t;
+    if (r == 0) {
+        r = qcow2_get_l2_for_write(s, l1i, &t);
+    }
+    if (r < 0) {
+        return r;
+    }
+    uint64_t i = c & (s->l2_entries - 1);
+    uint64_t bm;
+    uint64_t e = qcow2_l2_get(s, t, i, &bm);
+    if (e & QCOW2_OFLAG_COMPRESSED) {
+        qcow2_cache_put(s->l2_cache, &t);
+        return mode == MODE_DISCARD ? 0 : 1;
+    }
+    uint64_t nbm = (bm & ~(uint64_t)mask) | ((uint64_t)mask << 32);
+    if (nbm != bm) {
+        qcow2_l2_set(s, t, i, e, nbm);
+        qcow2_cache_mark_dirty(s->l2_cache, t);
+    }
+    qcow2_cache_put(s->l2_cache, &t);
+    return 0;
+}
+
+static int coroutine_fn zero_partial(Qcow2State *s, uint64_t off, uint64_t len);
+
+/* [start, end) is aligned to subclusters (clusters with standard L2). */
 static int coroutine_fn modify_range(Qcow2State *s, uint64_t start, uint64_t end, int mode)
 {
+    const uint64_t cs = s->cluster_size;
     while (start < end) {
         uint64_t c = start >> s->cluster_bits;
-        uint64_t table_end_c = ((c >> s->l2_bits) + 1) << s->l2_bits;
-        uint64_t n = QK_MIN((end - start) >> s->cluster_bits, table_end_c - c);
+        uint64_t cend = (c + 1) << s->cluster_bits;
         Qcow2Req req;
-        qcow2_req_begin(s, &req, start, start + (n << s->cluster_bits), true);
-        qk_co_mutex_lock(&s->lock);
-        int r = modify_table(s, c, n, mode);
-        qk_co_mutex_unlock(&s->lock);
-        qcow2_req_end(s, &req);
+        int r;
+        if (qk_is_aligned(start, cs) && end >= cend) {
+            uint64_t table_end_c = ((c >> s->l2_bits) + 1) << s->l2_bits;
+            uint64_t n = QK_MIN((end - start) >> s->cluster_bits, table_end_c - c);
+            qcow2_req_begin(s, &req, start, start + (n << s->cluster_bits), true);
+            qk_co_mutex_lock(&s->lock);
+            r = modify_table(s, c, n, mode);
+            qk_co_mutex_unlock(&s->lock);
+            qcow2_req_end(s, &req);
+            start += n << s->cluster_bits;
+        } else {
+            uint64_t e = QK_MIN(end, cend);
+            unsigned first = (unsigned)((start - (c << s->cluster_bits)) >> s->sc_bits);
+            unsigned last = (unsigned)((e - 1 - (c << s->cluster_bits)) >> s->sc_bits);
+            uint32_t mask = (uint32_t)(((2ULL << last) - 1) & ~((1ULL << first) - 1));
+            qcow2_req_begin(s, &req, start, e, true);
+            qk_co_mutex_lock(&s->lock);
+            r = modify_subclusters(s, c, mask, mode);
+            qk_co_mutex_unlock(&s->lock);
+            qcow2_req_end(s, &req);
+            if (r == 1) {
+                r = zero_partial(s, start, e - start);
+            }
+            start = e;
+        }
         if (r < 0) {
             return r;
         }
-        start += n << s->cluster_bits;
     }
     return 0;
 }
@@ -128,12 +191,38 @@ static int coroutine_fn reads_as_zero(Qcow2State *s, uint64_t off, uint64_t len)
     return 1;
 }
 
+/* Gives the unit at us zero bits (a zero flag with standard L2) when all
+ * of it reads as zeros already, as QEMU does; checked and changed under
+ * one exclusive claim so that no write slips in between. 1 if done. */
+static int coroutine_fn zero_unit_if_zero(Qcow2State *s, uint64_t us)
+{
+    uint64_t unit = s->sc_size;
+    uint64_t c = us >> s->cluster_bits;
+    Qcow2Req req;
+    qcow2_req_begin(s, &req, us, us + unit, true);
+    qk_co_mutex_lock(&s->lock);
+    int r = reads_as_zero(s, us, unit);
+    if (r == 1) {
+        int m = s->extended_l2 ? modify_subclusters(s, c, 1u << ((us >> s->sc_bits) & 31), MODE_ZERO)
+                               : modify_table(s, c, 1, MODE_ZERO);
+        r = m < 0 ? m : m == 0;
+    }
+    qk_co_mutex_unlock(&s->lock);
+    qcow2_req_end(s, &req);
+    return r;
+}
+
+/* Zeroes [off, off+len) inside one unit (subcluster, or cluster). */
 static int coroutine_fn zero_partial(Qcow2State *s, uint64_t off, uint64_t len)
 {
     if (!len) {
         return 0;
     }
-    int z = reads_as_zero(s, off, len);
+    int z = zero_unit_if_zero(s, qk_align_down(off, s->sc_size));
+    if (z != 0) {
+        return z < 0 ? z : 0;
+    }
+    z = reads_as_zero(s, off, len);
     if (z != 0) {
         return z < 0 ? z : 0;
     }
@@ -156,23 +245,22 @@ int coroutine_fn qcow2_co_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t byte
     if (!qcow2_is_v3(s)) {
         return -ENOTSUP;
     }
-    uint64_t cs = s->cluster_size;
+    uint64_t unit = s->sc_size;
     uint64_t end = off + bytes;
-    /* The last cluster may stick out past the virtual size: zero it whole. */
-    uint64_t end_al = end == bs->size ? qk_align_up(end, cs) : qk_align_down(end, cs);
-    uint64_t start_al = qk_align_up(off, cs);
+    /* The last unit may stick out past the virtual size: zero it whole. */
+    uint64_t end_al = end == bs->size ? qk_align_up(end, unit) : qk_align_down(end, unit);
+    uint64_t start_al = qk_align_up(off, unit);
     if (start_al >= end_al) {
-        /* Inside one cluster. */
-        return zero_partial(s, off, bytes);
+        /* Inside one unit, or across the boundary of two. */
+        uint64_t mid = QK_MIN(start_al, end);
+        int r = zero_partial(s, off, mid - off);
+        return r < 0 ? r : zero_partial(s, mid, end - mid);
     }
     int r = zero_partial(s, off, start_al - off);
     if (r == 0) {
         r = modify_range(s, start_al, end_al, (flags & QK_REQ_MAY_UNMAP) ? MODE_ZERO_UNMAP : MODE_ZERO);
     }
-    if (r == 0 && end < end_al) {
-        return 0;
-    }
-    if (r == 0) {
+    if (r == 0 && end > end_al) {
         r = zero_partial(s, end_al, end - end_al);
     }
     return r;
@@ -181,10 +269,13 @@ int coroutine_fn qcow2_co_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t byte
 int coroutine_fn qcow2_co_pdiscard(QkBlock *bs, uint64_t off, uint64_t bytes)
 {
     Qcow2State *s = qcow2_state(bs);
-    uint64_t cs = s->cluster_size;
+    /* Whole clusters only, as QEMU: a partial cluster keeps its data, so
+     * images stay identical to ones QEMU's tools wrote with the same
+     * requests. (Zero writes are the subcluster-granular operation.) */
+    uint64_t unit = s->cluster_size;
     uint64_t end = off + bytes;
-    uint64_t end_al = end == bs->size ? qk_align_up(end, cs) : qk_align_down(end, cs);
-    uint64_t start_al = qk_align_up(off, cs);
+    uint64_t end_al = end == bs->size ? qk_align_up(end, unit) : qk_align_down(end, unit);
+    uint64_t start_al = qk_align_up(off, unit);
     if (start_al >= end_al) {
         return 0; /* discard is advisory */
     }

@@ -38,6 +38,7 @@ typedef struct QkIoCmd {
 extern const QkIoCmd qk_io_rw_cmds[];
 extern const QkIoCmd qk_io_status_cmds[];
 extern const QkIoCmd qk_io_misc_cmds[];
+extern const QkIoCmd qk_io_debug_cmds[];   /* debug.c: break, wait_break, resume */
 
 /* rw.c: waits for every aio_ request; -EIO if any of them failed. */
 int coroutine_fn qk_io_aio_drain(QkIo *io);

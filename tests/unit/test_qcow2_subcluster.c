@@ -1,0 +1,275 @@
+/* Extended L2 (subclusters): every subcluster state (unallocated,
+ * allocated, zero; in an allocated cluster, and an unallocated cluster)
+ * against full, partial (start, middle, end, straddling) writes, zero
+ * writes, discards (whole clusters; partial ones are ignored, as by QEMU)
+ * and writes spanning clusters, with and without a
+ * backing file. Each case is built twice, by qcowkit and by qemu-io, and
+ * checked by content (model), qemu-img check, qemu-img compare of the
+ * twins and qemu-img map of the twins (the subcluster allocation must be
+ * the same, host offsets aside). */
+#include "qcow2_test_util.h"
+
+#define CS 65536ULL
+#define SC 2048ULL
+#define LEN (4 * CS)
+#define BLEN (3 * CS)
+
+typedef struct Op {
+    char kind; /* 'w' write, 'z' zero write, 'd' discard */
+    uint64_t off, len;
+    int pat;
+} Op;
+
+static uint8_t model[LEN];
+static int ncases;
+
+static void model_apply(const Op *o)
+{
+    if (o->kind == 'w') {
+        memset(model + o->off, o->pat, o->len);
+    } else if (o->kind == 'z') {
+        memset(model + o->off, 0, o->len);
+    } else {
+        /* Discard drops whole clusters only (as QEMU); they read as zeros. */
+        uint64_t a = qk_align_up(o->off, CS), b = qk_align_down(o->off + o->len, CS);
+        if (a < b) {
+            memset(model + a, 0, b - a);
+        }
+    }
+}
+
+static void qemu_cmd(const Op *o, char *buf, size_t n)
+{
+    const char *fmt = o->kind == 'w' ? "-c 'write -P %d %llu %llu' "
+                    : o->kind == 'z' ? "-c 'write -z %.0d%llu %llu' " : "-c 'discard %.0d%llu %llu' ";
+    snprintf(buf, n, fmt, o->pat, (unsigned long long)o->off, (unsigned long long)o->len);
+}
+
+static int qk_apply(QkBlock *bs, const Op *o)
+{
+    if (o->kind == 'w') {
+        uint8_t *b = malloc(o->len);
+        memset(b, o->pat, o->len);
+        int r = t_write(bs, o->off, o->len, b);
+        free(b);
+        return r;
+    }
+    if (o->kind == 'z') {
+        return t_zero(bs, o->off, o->len, 0);
+    }
+    return t_discard(bs, o->off, o->len);
+}
+
+/* The subclusters of cluster 0 and 1 cycle through unallocated, allocated
+ * and zero; cluster 2 stays unallocated; cluster 3 is all allocated. */
+static int setup_ops(Op *ops)
+{
+    int n = 0;
+    for (uint64_t c = 0; c < 2; c++) {
+        for (uint64_t i = 0; i < 32; i++) {
+            int st = (int)((i + c) % 3);
+            uint64_t off = c * CS + i * SC;
+            if (st == 1) {
+                ops[n++] = (Op){'w', off, SC, 0x10 + (int)i};
+            } else if (st == 2) {
+                ops[n++] = (Op){'z', off, SC, 0};
+            }
+        }
+    }
+    ops[n++] = (Op){'w', 3 * CS, CS, 0x33};
+    return n;
+}
+
+/* qemu-img map of path as one letter per subcluster: depth, then present,
+ * zero and data as bits. */
+static int map_units(const char *path, char *units)
+{
+    memset(units, '?', LEN / SC + 1);
+    if (t_sh("qemu-img map --output=json %s >sq.map", path) != 0) {
+        return -1;
+    }
+    FILE *f = fopen("sq.map", "r");
+    if (!f) {
+        return -1;
+    }
+    char line[512];
+    while (fgets(line, sizeof(line), f)) {
+        unsigned long long st, len;
+        int depth;
+        char pr[8], z[8], d[8];
+        if (sscanf(line, "%*[[{ ]\"start\": %llu, \"length\": %llu, \"depth\": %d, \"present\": %7[a-z], "
+                   "\"zero\": %7[a-z], \"data\": %7[a-z]", &st, &len, &depth, pr, z, d) != 6) {
+            continue;
+        }
+        char c = (char)('A' + depth * 8 + (pr[0] == 't') * 4 + (z[0] == 't') * 2 + (d[0] == 't'));
+        for (unsigned long long u = st / SC; u < (st + len) / SC && u < LEN / SC; u++) {
+            units[u] = c;
+        }
+    }
+    fclose(f);
+    units[LEN / SC] = 0;
+    return 0;
+}
+
+static void run_case(bool backing, const char *name, const Op *op)
+{
+    ncases++;
+    char cmds[16384];
+    size_t used = 0;
+    Op setup[80];
+    int ns = setup_ops(setup);
+    t_sh("rm -f sq.qcow2 sq-twin.qcow2 sq-raw");
+    const char *bopt = backing ? "-b sb.qcow2 -F qcow2" : "";
+    QK_CHECK_EQ(t_sh("qemu-img create -q -f qcow2 -o extended_l2=on,cluster_size=64k %s sq.qcow2 %llu && "
+                     "qemu-img create -q -f qcow2 -o extended_l2=on,cluster_size=64k %s sq-twin.qcow2 %llu",
+                     bopt, (unsigned long long)LEN, bopt, (unsigned long long)LEN), 0);
+    memset(model, 0, sizeof(model));
+    if (backing) {
+        memset(model, 0x77, BLEN);
+    }
+    QkBlock *bs = t_open("sq.qcow2", QK_OPEN_RDWR);
+    QK_CHECK(bs != NULL);
+    if (!bs) {
+        return;
+    }
+    for (int i = 0; i <= ns; i++) {
+        const Op *o = i < ns ? &setup[i] : op;
+        int r = qk_apply(bs, o);
+        if (r != 0) {
+            fprintf(stderr, "%s%s: op %c %llu+%llu failed: %d\n", name, backing ? " (backing)" : "", o->kind,
+                    (unsigned long long)o->off, (unsigned long long)o->len, r);
+        }
+        QK_CHECK_EQ(r, 0);
+        model_apply(o);
+        qemu_cmd(o, cmds + used, sizeof(cmds) - used);
+        used += strlen(cmds + used);
+    }
+    int vr = t_verify(bs, model, LEN);
+    if (vr) {
+        fprintf(stderr, "case %s%s: content differs from the model\n", name, backing ? " (backing)" : "");
+    }
+    QK_CHECK_EQ(vr, 0);
+    qk_block_close(bs);
+    QK_CHECK_EQ(t_sh("qemu-io -f qcow2 %s sq-twin.qcow2 >/dev/null", cmds), 0);
+    QK_CHECK_EQ(t_qemu_check("sq.qcow2"), 0);
+    int cr = t_sh("qemu-img compare -q sq.qcow2 sq-twin.qcow2");
+    if (cr) {
+        fprintf(stderr, "case %s%s: twins differ\n", name, backing ? " (backing)" : "");
+    }
+    QK_CHECK_EQ(cr, 0);
+    /* Same subcluster allocation as QEMU's twin (host offsets, and so the
+     * merging of neighbouring extents, may differ). */
+    char a[LEN / SC + 1], b[LEN / SC + 1];
+    int mr = map_units("sq.qcow2", a) || map_units("sq-twin.qcow2", b) || memcmp(a, b, sizeof(a)) != 0;
+    if (mr) {
+        fprintf(stderr, "case %s%s: map differs from the twin's:\n  %.*s\n  %.*s\n", name,
+                backing ? " (backing)" : "", (int)sizeof(a), a, (int)sizeof(b), b);
+    }
+    QK_CHECK_EQ(mr, 0);
+}
+
+/* The benchmark's pattern, checked: NPAR small writes at once, each into
+ * the same few clusters (2K aligned, 2K at +512, 2560), in both dependency
+ * modes, with and without a backing file; content, check and the twin. */
+#define NPAR 96
+static void parallel(bool backing, bool strict, uint64_t size, uint64_t step, uint64_t start)
+{
+    ncases++;
+    t_sh("rm -f sp.qcow2 sp.raw");
+    QK_CHECK_EQ(t_sh("qemu-img create -q -f qcow2 -o extended_l2=on,cluster_size=64k %s sp.qcow2 %llu",
+                     backing ? "-b sb.qcow2 -F qcow2" : "", (unsigned long long)LEN), 0);
+    memset(model, 0, sizeof(model));
+    if (backing) {
+        memset(model, 0x77, BLEN);
+    }
+    QkError err = {0};
+    QkOpenOptions oo = {.flags = QK_OPEN_RDWR, .format = "qcow2", .strict_alloc_deps = strict};
+    QkBlock *bs = qk_block_open("sp.qcow2", &oo, &err);
+    QK_CHECK(bs != NULL);
+    if (!bs) {
+        return;
+    }
+    static TReq reqs[NPAR];
+    static uint8_t bufs[NPAR][4096];
+    for (int i = 0; i < NPAR; i++) {
+        uint64_t off = start + (uint64_t)i * step;
+        memset(bufs[i], 0x40 + i, size);
+        reqs[i] = (TReq){.bs = bs, .op = 1, .off = off, .len = size, .buf = bufs[i]};
+        memset(model + off, 0x40 + i, size);
+    }
+    t_run_all(reqs, NPAR);
+    for (int i = 0; i < NPAR; i++) {
+        QK_CHECK_EQ(reqs[i].ret, 0);
+    }
+    int vr = t_verify(bs, model, LEN);
+    if (vr) {
+        fprintf(stderr, "parallel %llu+%llu*k backing=%d strict=%d: content differs\n",
+                (unsigned long long)start, (unsigned long long)step, backing, strict);
+    }
+    QK_CHECK_EQ(vr, 0);
+    qk_block_close(bs);
+    QK_CHECK_EQ(t_qemu_check("sp.qcow2"), 0);
+    QK_CHECK_EQ(t_write_raw("sp.raw", model, LEN), 0);
+    QK_CHECK_EQ(t_qemu_compare("sp.qcow2", "sp.raw"), 0);
+}
+
+int main(void)
+{
+    if (!t_have_qemu()) {
+        return 77;
+    }
+    QK_CHECK_EQ(t_sh("rm -f sb.qcow2 && qemu-img create -q -f qcow2 sb.qcow2 %llu && "
+                     "qemu-io -f qcow2 -c 'write -P 0x77 0 %llu' sb.qcow2 >/dev/null",
+                     (unsigned long long)BLEN, (unsigned long long)BLEN), 0);
+    /* Targets: subclusters 3, 4, 5 of cluster 0 (unallocated, allocated,
+     * zero) and subcluster 5 of the unallocated cluster 2. */
+    const uint64_t targets[] = {3 * SC, 4 * SC, 5 * SC, 2 * CS + 5 * SC};
+    const char *tnames[] = {"unalloc", "alloc", "zero", "fresh-cluster"};
+    for (int b = 0; b < 2; b++) {
+        for (int t = 0; t < 4; t++) {
+            uint64_t x = targets[t];
+            const struct { const char *n; Op op; } ops[] = {
+                {"write", {'w', x, SC, 0xa1}},
+                {"write-start", {'w', x, 512, 0xa2}},
+                {"write-middle", {'w', x + 512, 1024, 0xa3}},
+                {"write-end", {'w', x + 1536, 512, 0xa4}},
+                {"write-straddle", {'w', x + 1024, SC, 0xa5}},
+                {"write-3sc", {'w', x - 100, 2 * SC + 200, 0xa6}},
+                {"zero", {'z', x, SC, 0}},
+                {"zero-partial", {'z', x + 512, 1024, 0}},
+                {"zero-straddle", {'z', x + 1024, SC, 0}},
+                {"discard", {'d', x, SC, 0}},
+                {"discard-partial", {'d', x + 100, SC, 0}},
+            };
+            for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
+                char name[64];
+                snprintf(name, sizeof(name), "%s/%s", tnames[t], ops[i].n);
+                run_case(b, name, &ops[i].op);
+            }
+        }
+        const struct { const char *n; Op op; } span[] = {
+            {"span-write", {'w', CS - 3000, 6000, 0xb1}},
+            {"span-write-into-fresh", {'w', CS + 1000, CS + 2000, 0xb2}},
+            {"span-write-3-clusters", {'w', CS - 512, 2 * CS + 1024, 0xb3}},
+            {"span-zero", {'z', CS - 3000, 6000, 0}},
+            {"span-discard", {'d', CS - 4096, 3 * 4096, 0}},
+            {"discard-2-clusters", {'d', CS - 4096, 2 * CS + 8192, 0}},
+            {"zero-cluster", {'z', CS, CS, 0}},
+            {"discard-cluster", {'d', 0, CS, 0}},
+            {"discard-fresh-cluster", {'d', 2 * CS, CS, 0}},
+        };
+        for (size_t i = 0; i < sizeof(span) / sizeof(span[0]); i++) {
+            run_case(b, span[i].n, &span[i].op);
+        }
+    }
+    for (int b = 0; b < 2; b++) {
+        for (int strict = 0; strict < 2; strict++) {
+            parallel(b, strict, 2048, 2048, 0);
+            parallel(b, strict, 2048, 2048, 512);
+            parallel(b, strict, 2560, 2560, 0);
+            parallel(b, strict, 1000, 1500, CS - 7000); /* unaligned, across a cluster boundary */
+        }
+    }
+    fprintf(stderr, "%d cases\n", ncases);
+    QK_TEST_DONE();
+}
