@@ -99,6 +99,7 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
     s->read_only = bs->read_only;
     s->strict_alloc_deps = opts->strict_alloc_deps;
     qk_co_mutex_init(&s->lock);
+    qk_co_mutex_init(&s->grow_lock);
 
     uint8_t *c0 = NULL;
     uint64_t flen;

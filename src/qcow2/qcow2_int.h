@@ -190,6 +190,7 @@ struct Qcow2State {
     uint64_t host_end;          /* end of the highest cluster ever allocated */
     uint64_t file_size;         /* host file size as we last set or saw it */
     bool file_grown;            /* we extended the file ahead of use */
+    QkCoMutex grow_lock;        /* one file extension at a time */
 
     bool lazy_refcounts;
     bool dirty_set_by_us;

@@ -81,6 +81,33 @@ int coroutine_fn qcow2_write_rt_entry(Qcow2State *s, uint64_t ti)
     return qk_co_pwrite(s->bs->file, s->rt_offset + ti * 8, 8, b, 0);
 }
 
+/* Extends the host file to target by writing zeros in large requests.
+ * With O_DIRECT, a small write into a hole or an unwritten (fallocated)
+ * extent makes the file system allocate or convert blocks under an
+ * exclusive lock, several times slower than a write into blocks that were
+ * already written; writing the new space once, sequentially, turns every
+ * later small write into the fast kind. */
+static int coroutine_fn grow_written(Qcow2State *s, uint64_t target)
+{
+    enum { CHUNK = 1 << 20 };
+    static void *zeros;
+    if (!zeros) {
+        zeros = qk_aligned_zalloc(4096, CHUNK);
+        if (!zeros) {
+            return -ENOMEM;
+        }
+    }
+    for (uint64_t off = s->file_size; off < target;) {
+        uint64_t n = QK_MIN((uint64_t)CHUNK - off % CHUNK, target - off);
+        int r = qk_co_pwrite(s->bs->file, off, n, zeros, 0);
+        if (r < 0) {
+            return r;
+        }
+        off += n;
+    }
+    return 0;
+}
+
 int coroutine_fn qcow2_ensure_file_size(Qcow2State *s, uint64_t end)
 {
     if (end > s->host_end) {
@@ -89,18 +116,29 @@ int coroutine_fn qcow2_ensure_file_size(Qcow2State *s, uint64_t end)
     if (end <= s->file_size) {
         return 0;
     }
+    qk_co_mutex_lock(&s->grow_lock);
+    if (end <= s->file_size) {
+        qk_co_mutex_unlock(&s->grow_lock); /* grown while we waited */
+        return 0;
+    }
     /* Grow ahead so that small writes into new clusters do not each pay
      * for extending the file; close trims the excess. */
-    uint64_t step = QK_MAX(QK_MIN(s->file_size / 8, 64ULL << 20), 1ULL << 20);
+    bool direct = (s->bs->file->open_flags & QK_OPEN_NOCACHE) != 0;
+    uint64_t step = QK_MAX(QK_MIN(s->file_size / 8, (direct ? 8ULL : 64ULL) << 20), 1ULL << 20);
     uint64_t target = qk_align_up(end, s->cluster_size) + step;
-    QkError err = {0};
-    int r = qk_co_truncate(s->bs->file, target, QK_PREALLOC_OFF, &err);
-    if (r < 0) {
-        return r;
+    int r;
+    if (direct) {
+        r = grow_written(s, target);
+    } else {
+        QkError err = {0};
+        r = qk_co_truncate(s->bs->file, target, QK_PREALLOC_OFF, &err);
     }
-    s->file_size = target;
-    s->file_grown = true;
-    return 0;
+    if (r == 0) {
+        s->file_size = target;
+        s->file_grown = true;
+    }
+    qk_co_mutex_unlock(&s->grow_lock);
+    return r;
 }
 
 static int coroutine_fn grow_table(Qcow2State *s, uint64_t need_ti);

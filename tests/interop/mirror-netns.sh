@@ -8,30 +8,7 @@
 # ASan build. Skips (77) only where namespaces cannot be created.
 . "$SRC_DIR/tests/interop/nbd-lib.bash"
 
-tag=qm$$
-ns1=${tag}a ns2=${tag}b
-cleanup_ns() {
-  nbd_cleanup
-  ip netns del "$ns1" 2>/dev/null
-  ip netns del "$ns2" 2>/dev/null
-}
-trap cleanup_ns EXIT
-
-if ! ip netns add "$ns1" 2>/dev/null; then
-  echo "SKIP: cannot create network namespaces here (needs root and netns support)"
-  exit 77
-fi
-ip netns add "$ns2" || fail "second namespace"
-ip link add "${tag}v1" type veth peer name "${tag}v2" || fail "veth pair"
-ip link set "${tag}v1" netns "$ns1" || fail "move veth 1"
-ip link set "${tag}v2" netns "$ns2" || fail "move veth 2"
-ip -n "$ns1" addr add 10.200.8.1/24 dev "${tag}v1"
-ip -n "$ns2" addr add 10.200.8.2/24 dev "${tag}v2"
-for ns in "$ns1" "$ns2"; do
-  ip -n "$ns" link set lo up
-done
-ip -n "$ns1" link set "${tag}v1" up
-ip -n "$ns2" link set "${tag}v2" up
+netns_pair qm 10.200.8
 
 in1() { ip netns exec "$ns1" "$@"; }
 in2() { ip netns exec "$ns2" "$@"; }

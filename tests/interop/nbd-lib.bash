@@ -43,3 +43,34 @@ stop_serve() {
   wait "$1" || st=$?
   [ "$st" -eq 0 ] || fail "serve exited with status $st after SIGTERM"
 }
+
+# Two test hosts: network namespaces $ns1 and $ns2 joined by a veth pair,
+# addressed SUBNET.1 and SUBNET.2 (/24). Removed again on exit. Exits 77
+# only where namespaces cannot be created (no root or no netns support).
+# Usage: netns_pair TAG SUBNET   e.g. netns_pair qk 10.200.7
+netns_pair() {
+  local tag=$1$$ subnet=$2
+  ns1=${tag}a ns2=${tag}b
+  cleanup_ns() {
+    nbd_cleanup
+    ip netns del "$ns1" 2>/dev/null
+    ip netns del "$ns2" 2>/dev/null
+  }
+  trap cleanup_ns EXIT
+  if ! ip netns add "$ns1" 2>/dev/null; then
+    echo "SKIP: cannot create network namespaces here (needs root and netns support)"
+    exit 77
+  fi
+  ip netns add "$ns2" || fail "second namespace"
+  ip link add "${tag}v1" type veth peer name "${tag}v2" || fail "veth pair"
+  ip link set "${tag}v1" netns "$ns1" || fail "move veth 1"
+  ip link set "${tag}v2" netns "$ns2" || fail "move veth 2"
+  ip -n "$ns1" addr add "$subnet.1/24" dev "${tag}v1"
+  ip -n "$ns2" addr add "$subnet.2/24" dev "${tag}v2"
+  local ns
+  for ns in "$ns1" "$ns2"; do
+    ip -n "$ns" link set lo up
+  done
+  ip -n "$ns1" link set "${tag}v1" up
+  ip -n "$ns2" link set "${tag}v2" up
+}

@@ -6,30 +6,7 @@
 # be created (no root or no netns support).
 . "$SRC_DIR/tests/interop/nbd-lib.bash"
 
-tag=qk$$
-ns1=${tag}a ns2=${tag}b
-cleanup_ns() {
-  nbd_cleanup
-  ip netns del "$ns1" 2>/dev/null
-  ip netns del "$ns2" 2>/dev/null
-}
-trap cleanup_ns EXIT
-
-if ! ip netns add "$ns1" 2>/dev/null; then
-  echo "SKIP: cannot create network namespaces here (needs root and netns support)"
-  exit 77
-fi
-ip netns add "$ns2" || fail "second namespace"
-ip link add "${tag}v1" type veth peer name "${tag}v2" || fail "veth pair"
-ip link set "${tag}v1" netns "$ns1" || fail "move veth 1"
-ip link set "${tag}v2" netns "$ns2" || fail "move veth 2"
-ip -n "$ns1" addr add 10.200.7.1/24 dev "${tag}v1"
-ip -n "$ns2" addr add 10.200.7.2/24 dev "${tag}v2"
-for ns in "$ns1" "$ns2"; do
-  ip -n "$ns" link set lo up
-done
-ip -n "$ns1" link set "${tag}v1" up
-ip -n "$ns2" link set "${tag}v2" up
+netns_pair qk 10.200.7
 
 qemu-img create -q -f qcow2 disk.qcow2 32M || fail "create"
 for bin in "$QK_PLAIN" "$QK_ASAN"; do
