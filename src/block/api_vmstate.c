@@ -58,8 +58,8 @@ static void coroutine_fn discard_entry(void *opaque)
     c->ret = qk_qcow2_co_vmstate_discard(c->s->bs, &c->err);
 }
 
-QkVmStateStream *qk_image_vmstate_writer_open(QkImage *img, const QkVmStateParams *params,
-                                              char *errbuf, size_t errlen)
+/* A stream on a qcow2 image, or NULL with a message. */
+static QkVmStateStream *stream_new(QkImage *img, char *errbuf, size_t errlen)
 {
     QkBlock *bs = qk_image_node(img);
     if (!qk_block_is_qcow2(bs)) {
@@ -72,6 +72,17 @@ QkVmStateStream *qk_image_vmstate_writer_open(QkImage *img, const QkVmStateParam
         return NULL;
     }
     s->bs = bs;
+    return s;
+}
+
+QkVmStateStream *qk_image_vmstate_writer_open(QkImage *img, const QkVmStateParams *params,
+                                              char *errbuf, size_t errlen)
+{
+    QkVmStateStream *s = stream_new(img, errbuf, errlen);
+    if (!s) {
+        return NULL;
+    }
+    QkBlock *bs = s->bs;
     /* State left by an applied snapshot or a failed save must not leak
      * into this one. */
     Call c = {.s = s};
@@ -170,17 +181,11 @@ QkVmStateStream *qk_image_vmstate_reader_open(QkImage *img, const char *snapshot
                                               const QkVmStateParams *params, uint64_t *size,
                                               char *errbuf, size_t errlen)
 {
-    QkBlock *bs = qk_image_node(img);
-    if (!qk_block_is_qcow2(bs)) {
-        set_err(errbuf, errlen, "VM state needs a qcow2 image");
-        return NULL;
-    }
-    QkVmStateStream *s = calloc(1, sizeof(*s));
+    QkVmStateStream *s = stream_new(img, errbuf, errlen);
     if (!s) {
-        set_err(errbuf, errlen, "out of memory");
         return NULL;
     }
-    s->bs = bs;
+    QkBlock *bs = s->bs;
     Call c = {.s = s, .name = snapshot};
     qk_co_run(goto_entry, &c);
     QkVmStateOptions o;

@@ -399,6 +399,18 @@ static int coroutine_fn goto_locked(Qcow2State *s, const Qcow2Snapshot *sn, QkEr
     return r < 0 ? qk_error_set_errno(err, r, "Could not update the refcounts") : 0;
 }
 
+/* Writes cached metadata back (the table must describe what is on disk),
+ * then reads the snapshot table. */
+static int coroutine_fn flush_and_read_table(Qcow2State *s, Qcow2Snapshot **tab, uint32_t *n,
+                                             QkError *err)
+{
+    int r = qcow2_flush_caches(s);
+    if (r < 0) {
+        return qk_error_set_errno(err, r, "Could not write metadata");
+    }
+    return qcow2_snapshots_read(s, tab, n, NULL, err);
+}
+
 int coroutine_fn qk_qcow2_co_snapshot_goto(QkBlock *bs, const char *id_or_name, QkError *err)
 {
     Qcow2State *s = qcow2_state(bs);
@@ -409,12 +421,7 @@ int coroutine_fn qk_qcow2_co_snapshot_goto(QkBlock *bs, const char *id_or_name, 
     begin(s);
     Qcow2Snapshot *tab = NULL;
     uint32_t n = 0;
-    r = qcow2_flush_caches(s);
-    if (r < 0) {
-        qk_error_set_errno(err, r, "Could not write metadata");
-    } else {
-        r = qcow2_snapshots_read(s, &tab, &n, NULL, err);
-    }
+    r = flush_and_read_table(s, &tab, &n, err);
     if (r == 0) {
         int i = qcow2_snapshot_find_id_or_name(tab, n, id_or_name);
         r = i < 0 ? qk_error_set(err, -ENOENT, "Failed to load snapshot: No such file or directory")
@@ -435,12 +442,7 @@ int coroutine_fn qk_qcow2_co_snapshot_delete(QkBlock *bs, const char *id, const 
     begin(s);
     Qcow2Snapshot *tab = NULL;
     uint32_t n = 0;
-    r = qcow2_flush_caches(s);
-    if (r < 0) {
-        qk_error_set_errno(err, r, "Could not write metadata");
-    } else {
-        r = qcow2_snapshots_read(s, &tab, &n, NULL, err);
-    }
+    r = flush_and_read_table(s, &tab, &n, err);
     int i = r == 0 ? qcow2_snapshot_find(tab, n, id, name) : -1;
     if (r == 0 && i < 0) {
         r = qk_error_set(err, -ENOENT, "snapshot not found");
