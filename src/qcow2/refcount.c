@@ -125,7 +125,10 @@ int coroutine_fn qcow2_ensure_file_size(Qcow2State *s, uint64_t end)
      * for extending the file; close trims the excess. */
     bool direct = (s->bs->file->open_flags & QK_OPEN_NOCACHE) != 0;
     uint64_t step = QK_MAX(QK_MIN(s->file_size / 8, (direct ? 8ULL : 64ULL) << 20), 1ULL << 20);
-    uint64_t target = qk_align_up(end, s->cluster_size) + step;
+    /* The new end on a 64 KiB (or cluster) boundary: an unaligned zero
+     * write would go through a bounce buffer and a read-modify-write under
+     * O_DIRECT, and leave the next growth unaligned too. */
+    uint64_t target = qk_align_up(end + step, QK_MAX(s->cluster_size, 65536u));
     int r;
     if (direct) {
         r = grow_written(s, target);
