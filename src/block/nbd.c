@@ -12,10 +12,10 @@
  */
 #include "block/block.h"
 #include "aio/loop.h"
+#include "block/nbd_lib.h"
 #include "util/checked.h"
 
 #include <errno.h>
-#include <libnbd.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -355,6 +355,10 @@ static int coroutine_fn qnbd_open(QkBlock *bs, const QkOpenOptions *opts, QkErro
     qk_co_queue_init(&s->reader_wake);
     qk_co_queue_init(&s->writer_wake);
     qk_co_queue_init(&s->helpers_done);
+    int lr = qk_nbd_lib_load(err);
+    if (lr < 0) {
+        return lr;
+    }
     s->h = nbd_create();
     if (!s->h) {
         return qk_error_set(err, -ENOMEM, "Could not create NBD handle: %s", nbd_get_error());
