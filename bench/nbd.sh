@@ -3,8 +3,12 @@
 # queue depth 32, against `qcowkit serve` and `qemu-nbd` exporting the
 # same image over a unix socket. The servers take turns (never both on the
 # image at once), each run is RUNTIME seconds, REPS rounds; the table shows
-# medians (min-max) of IOPS and the ratio qcowkit / qemu-nbd.
-# Usage: bench/nbd.sh   (env: RUNTIME=10 REPS=3 SIZE=1G FORMAT=qcow2 DIR=/var/tmp
+# medians (min-max) of IOPS and the ratio qcowkit / qemu-nbd. The image
+# lives once on the disk and once on tmpfs: on the disk, buffered writes
+# can be bound by the file system's writeback for both servers alike; on
+# tmpfs the servers' own costs show.
+# Usage: bench/nbd.sh   (env: RUNTIME=10 REPS=3 SIZE=1G FORMAT=qcow2
+#                       DIRS="/var/tmp /dev/shm"
 #                       QK_AIO=io_uring|threads to pick qcowkit's I/O backend)
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,17 +20,26 @@ QK=${QCOWKIT:-$top/build/tools/qcowkit}
 [ -x "$QK" ] || bash "$top/scripts/build.sh" >/dev/null
 fio --enghelp 2>/dev/null | grep -qw nbd || { echo "fio has no nbd engine" >&2; exit 1; }
 
-work=$(mktemp -d "${DIR:-/var/tmp}/qk-nbd-bench.XXXXXX")
 srv=""
-cleanup() { [ -n "$srv" ] && kill "$srv" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
+work=""
+cleanup() { [ -n "$srv" ] && kill "$srv" 2>/dev/null; wait 2>/dev/null; [ -z "$work" ] || rm -rf "$work"; }
 trap cleanup EXIT
+
+one_dir() { # DIR
+work=$(mktemp -d "$1/qk-nbd-bench.XXXXXX")
 img=$work/img.$FORMAT
 sock=$work/nbd.sock
 qemu-img create -q -f "$FORMAT" "$img" "$SIZE"
 # Fully allocate it so reads hit data and writes overwrite, for both.
 qemu-io -f "$FORMAT" -c "write -P 0x5a 0 $SIZE" "$img" >/dev/null
 
+# Each server starts from an empty page cache (where we may drop it): the
+# fill leaves large folios behind, and 4k writes into those cost the file
+# system several times more than writes into a cold file.
+drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
+
 start() { # qcowkit|qemu-nbd
+  drop_caches
   rm -f "$sock"
   if [ "$1" = qcowkit ]; then
     "$QK" ${QK_AIO:+--aio "$QK_AIO"} serve --socket "$sock" --export "name=b,file=$img,format=$FORMAT" &
@@ -61,19 +74,27 @@ for rep in $(seq "$REPS"); do
   echo "round $rep done" >&2
 done
 
-python3 - "$FORMAT" "$SIZE" "$RUNTIME" "$REPS" \
+python3 - "$FORMAT" "$SIZE" "$RUNTIME" "$REPS" "$1" \
   "${res[qcowkit,randread]}" "${res[qemu-nbd,randread]}" \
   "${res[qcowkit,randwrite]}" "${res[qemu-nbd,randwrite]}" <<'PY'
 import statistics, sys
-fmt, size, rt, reps = sys.argv[1:5]
-vals = [list(map(int, a.split())) for a in sys.argv[5:9]]
+fmt, size, rt, reps, where = sys.argv[1:6]
+vals = [list(map(int, a.split())) for a in sys.argv[6:10]]
 def cell(v):
     return f"{int(statistics.median(v))} ({min(v)}-{max(v)})"
 import os
 aio = os.environ.get("QK_AIO") or "default (io_uring)"
-print(f"fio nbd engine, 4k, iodepth 32, {rt}s x {reps} per cell, {fmt} image of {size}, unix socket, qcowkit aio {aio}\n")
+print(f"fio nbd engine, 4k, iodepth 32, {rt}s x {reps} per cell, {fmt} image of {size} in {where}, unix socket, qcowkit aio {aio}\n")
 print("| workload | qcowkit serve IOPS | qemu-nbd IOPS | ratio |")
 print("|---|---|---|---|")
 for name, qk, qm in (("randread", vals[0], vals[1]), ("randwrite", vals[2], vals[3])):
     print(f"| {name} | {cell(qk)} | {cell(qm)} | {statistics.median(qk) / statistics.median(qm):.2f}x |")
 PY
+rm -rf "$work"; work=""
+}
+
+for d in ${DIRS:-/var/tmp /dev/shm}; do
+  [ -d "$d" ] && [ -w "$d" ] || { echo "skipping $d: not a writable directory" >&2; continue; }
+  one_dir "$d"
+  echo
+done
