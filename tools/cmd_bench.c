@@ -386,7 +386,11 @@ static int run(int argc, char **argv)
             qk_tool_error("out of memory");
             goto close;
         }
-        memset(w[i].buf, a.pattern, a.size);
+        if (a.write) {
+            /* Reads leave the buffers untouched, so a deep queue of large
+             * reads does not make them all resident up front. */
+            memset(w[i].buf, a.pattern, a.size);
+        }
     }
     if (!a.quiet && !a.json) {
         printf("Sending %" PRIu64 " %s requests, %" PRIu64 " bytes each, %" PRIu64
