@@ -30,6 +30,9 @@ typedef struct QkAioBackend {
  * the reason on failure. */
 void *qk_uring_backend_new(QkAioBackend *ops, int *errno_out);
 void *qk_threads_backend_new(QkAioBackend *ops, int *errno_out);
+/* The pool for background coroutines' I/O: few workers at the lowest CPU
+ * priority. */
+void *qk_threads_backend_new_background(QkAioBackend *ops, int *errno_out);
 
 /* Completes one request: sets its result and resumes its coroutine. */
 void qk_aio_complete(QkAioReq *req, int64_t result);

@@ -52,6 +52,7 @@ struct QkCoroutine {
     QkCoroutine *pool_next;
     bool finished;
     bool scheduled;       /* in the loop's wake list */
+    bool background;      /* its host I/O yields the CPU to everyone else */
     QkCoroutine *wake_next;
 #ifdef QK_ASAN
     void *fake_stack;
@@ -172,7 +173,21 @@ QkCoroutine *qk_coroutine_create(QkCoroutineEntry *entry, void *opaque)
     co->finished = false;
     co->scheduled = false;
     co->caller = NULL;
+    /* Work a background coroutine spawns is background work too. */
+    co->background = current && current->background;
     return co;
+}
+
+void qk_coroutine_set_background(bool on)
+{
+    if (current && current != &leader) {
+        current->background = on;
+    }
+}
+
+bool qk_coroutine_is_background(void)
+{
+    return current && current->background;
 }
 
 static void co_release(QkCoroutine *co)

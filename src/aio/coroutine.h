@@ -29,6 +29,10 @@ void qk_coroutine_wake(QkCoroutine *co);
 /* Returns to whoever entered the current coroutine. */
 void coroutine_fn qk_coroutine_yield(void);
 QkCoroutine *qk_coroutine_self(void);
+/* Marks the current coroutine (and those it creates from now on) as
+ * background work: its host I/O runs on the loop's low-priority pool. */
+void qk_coroutine_set_background(bool on);
+bool qk_coroutine_is_background(void);
 bool qk_in_coroutine(void);
 
 /* Statistics and tuning. */

@@ -41,6 +41,8 @@ typedef struct FdWait {
 struct QkLoop {
     QkAioBackend ops;
     void *backend;
+    QkAioBackend bg_ops;    /* background coroutines' I/O, made on first use */
+    void *bg;
     int epfd;
     QkCoroutine *wake_head, *wake_tail;
     Callback *cb_head, *cb_tail;
@@ -139,6 +141,9 @@ void qk_loop_destroy_current(void)
         return;
     }
     loop->ops.destroy(loop->backend);
+    if (loop->bg) {
+        loop->bg_ops.destroy(loop->bg);
+    }
     close(loop->epfd);
     for (int i = 0; i < loop->nfds_alloc; i++) {
         free(loop->fds[i]);
@@ -408,6 +413,13 @@ bool qk_loop_run_once(QkLoop *loop, bool blocking)
     if (loop->ops.reap(loop->backend)) {
         any = true;
     }
+    unsigned bg_in_flight = 0;
+    if (loop->bg) {
+        bg_in_flight = loop->bg_ops.submit(loop->bg);
+        if (loop->bg_ops.reap(loop->bg)) {
+            any = true;
+        }
+    }
     if (any || loop->wake_head || loop->cb_head) {
         if (loop->fd_waiters) {
             handle_epoll(loop, 0);
@@ -427,13 +439,16 @@ bool qk_loop_run_once(QkLoop *loop, bool blocking)
             timeout_ns = 0;
         }
     }
-    if (!loop->fd_waiters && loop->ops.wait && in_flight) {
+    if (!loop->fd_waiters && loop->ops.wait && in_flight && !bg_in_flight) {
         loop->ops.wait(loop->backend, timeout_ns);
     } else {
         int ms = timeout_ns < 0 ? -1 : (int)((timeout_ns + 999999) / 1000000);
         handle_epoll(loop, ms);
     }
     loop->ops.reap(loop->backend);
+    if (loop->bg) {
+        loop->bg_ops.reap(loop->bg);
+    }
     return true;
 }
 
@@ -469,5 +484,19 @@ void qk_co_run(QkCoroutineEntry *entry, void *opaque)
 void qk_loop_queue_aio(QkAioReq *req)
 {
     QkLoop *loop = qk_loop_get();
+    if (qk_coroutine_is_background()) {
+        if (!loop->bg) {
+            int err = 0;
+            loop->bg = qk_threads_backend_new_background(&loop->bg_ops, &err);
+            if (loop->bg) {
+                epoll_add(loop, loop->bg_ops.event_fd, NULL);
+            }
+        }
+        if (loop->bg) {
+            loop->bg_ops.queue(loop->bg, req);
+            return;
+        }
+        /* No pool for it: run it like any other request. */
+    }
     loop->ops.queue(loop->backend, req);
 }

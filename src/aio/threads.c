@@ -2,19 +2,24 @@
  * Thread-pool backend: worker threads run blocking preadv/pwritev/
  * fdatasync/fallocate/ftruncate and hand results back through a completion
  * list and an eventfd the loop watches. Workers are started on demand up to
- * a limit and exit after being idle for a while.
+ * a limit and exit after being idle for a while. A second, low-priority
+ * pool (nice 19, few workers) serves background coroutines: the CPU time
+ * of their copies then goes to them only when nobody else wants it.
  */
 #include "aio/backend.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 
 #define MAX_WORKERS 64
+#define MAX_BG_WORKERS 4
+#define BG_NICE 19
 #define IDLE_SECONDS 10
 
 typedef struct Threads {
@@ -23,7 +28,8 @@ typedef struct Threads {
     QkAioReq *todo_head, *todo_tail;
     QkAioReq *done;        /* LIFO of completed requests */
     QkAioReq *local_head, *local_tail; /* queued this iteration, not yet handed over */
-    unsigned workers, idle;
+    unsigned workers, idle, max_workers;
+    int nice;              /* of every worker; 0: the loop thread's */
     unsigned in_flight;    /* loop-thread view */
     bool stopping;
     int efd;
@@ -58,6 +64,10 @@ static int64_t run_one(QkAioReq *r)
 static void *worker(void *arg)
 {
     Threads *t = arg;
+    if (t->nice) {
+        /* Linux applies a nice value per thread (0: the calling thread). */
+        (void)setpriority(PRIO_PROCESS, 0, t->nice);
+    }
     pthread_mutex_lock(&t->lock);
     for (;;) {
         while (!t->todo_head && !t->stopping) {
@@ -132,7 +142,7 @@ static unsigned threads_submit(void *st)
     t->todo_tail = t->local_tail;
     /* Start workers while there is more queued work than idle workers. */
     unsigned want = n > t->idle ? n - t->idle : 0;
-    while (want-- && t->workers < MAX_WORKERS) {
+    while (want-- && t->workers < t->max_workers) {
         pthread_t th;
         pthread_attr_t attr;
         pthread_attr_init(&attr);
@@ -199,7 +209,7 @@ static void threads_destroy(void *st)
     free(t);
 }
 
-void *qk_threads_backend_new(QkAioBackend *ops, int *errno_out)
+static void *threads_new(QkAioBackend *ops, int *errno_out, int nice, unsigned max_workers)
 {
     Threads *t = calloc(1, sizeof(*t));
     if (!t) {
@@ -214,7 +224,9 @@ void *qk_threads_backend_new(QkAioBackend *ops, int *errno_out)
     }
     pthread_mutex_init(&t->lock, NULL);
     pthread_cond_init(&t->cond, NULL);
-    ops->name = "threads";
+    t->nice = nice;
+    t->max_workers = max_workers;
+    ops->name = nice ? "background threads" : "threads";
     ops->queue = threads_queue;
     ops->submit = threads_submit;
     ops->reap = threads_reap;
@@ -222,4 +234,14 @@ void *qk_threads_backend_new(QkAioBackend *ops, int *errno_out)
     ops->destroy = threads_destroy;
     ops->event_fd = t->efd;
     return t;
+}
+
+void *qk_threads_backend_new(QkAioBackend *ops, int *errno_out)
+{
+    return threads_new(ops, errno_out, 0, MAX_WORKERS);
+}
+
+void *qk_threads_backend_new_background(QkAioBackend *ops, int *errno_out)
+{
+    return threads_new(ops, errno_out, BG_NICE, MAX_BG_WORKERS);
 }

@@ -2,10 +2,12 @@
  * concurrent unaligned writes that share blocks (read-modify-write must not
  * lose neighbours' bytes). Runs on whichever backend QCOWKIT_AIO selects. */
 #include "qktest.h"
+#include "aio/coroutine.h"
 #include "aio/loop.h"
 #include "block/block.h"
 #include "util/checked.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,6 +122,75 @@ static void coroutine_fn read_back_co(void *opaque)
     qk_co_block_close(b);
 }
 
+/* Counts this process's threads running at nice 19 (the background pool). */
+static int low_priority_threads(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        char p[300], buf[1024];
+        snprintf(p, sizeof(p), "/proc/self/task/%s/stat", e->d_name);
+        FILE *f = fopen(p, "r");
+        if (!f) {
+            continue;
+        }
+        size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[len] = 0;
+        /* Field 19 is nice; fields after the ")" of comm start at 3. */
+        char *q = strrchr(buf, ')');
+        int field = 2, nice = 0;
+        for (char *t = q ? strtok(q + 1, " ") : NULL; t; t = strtok(NULL, " ")) {
+            if (++field == 19) {
+                nice = atoi(t);
+                break;
+            }
+        }
+        n += nice == 19;
+    }
+    if (d) {
+        closedir(d);
+    }
+    return n;
+}
+
+static bool child_was_background;
+
+static void coroutine_fn child_co(void *opaque)
+{
+    (void)opaque;
+    child_was_background = qk_coroutine_is_background();
+}
+
+/* Background coroutines' host I/O goes to the low-priority pool, gives
+ * the same results, and coroutines they create inherit the mark. */
+static void coroutine_fn background_co(void *opaque)
+{
+    const char *path = opaque;
+    int before = low_priority_threads();
+    QK_CHECK(!qk_coroutine_is_background());
+    qk_coroutine_set_background(true);
+    QK_CHECK(qk_coroutine_is_background());
+    qk_coroutine_enter(qk_coroutine_create(child_co, NULL));
+    QK_CHECK(child_was_background);
+
+    QkError err = {0};
+    QkOpenOptions o = {.flags = QK_OPEN_RDWR, .format = "raw"};
+    QkBlock *b = qk_co_block_open(path, &o, &err);
+    QK_CHECK(b != NULL);
+    unsigned char w[8192], r[8192];
+    memset(w, 0xb7, sizeof(w));
+    QK_CHECK_EQ(qk_co_pwrite(b, 12288, sizeof(w), w, 0), 0);
+    QK_CHECK_EQ(qk_co_pread(b, 12288, sizeof(r), r, 0), 0);
+    QK_CHECK(memcmp(w, r, sizeof(r)) == 0);
+    QK_CHECK_EQ(qk_co_flush(b), 0);
+    /* Idle workers linger for seconds, so the one that served us is there. */
+    QK_CHECK(low_priority_threads() > before);
+    qk_coroutine_set_background(false);
+    qk_co_block_close(b);
+}
+
 int main(void)
 {
     char path[4096];
@@ -140,6 +211,7 @@ int main(void)
         }
         qk_co_run(read_back_co, path);
     }
+    qk_co_run(background_co, path);
     QkError err = {0};
     QkOpenOptions o = {.format = "raw"};
     QK_CHECK(qk_block_open("/nonexistent/x", &o, &err) == NULL);
