@@ -3,12 +3,13 @@
 # DEPTH, DURATION seconds) against an export of a fully allocated qcow2 of
 # SIZE while a mirror job copies it; reports writer IOPS idle and during the
 # mirror, mirror throughput, time to ready and total time, for background
-# and write-blocking modes, the rescan-per-chunk ablation, and QEMU's
+# and write-blocking modes, the rescan-per-chunk ablation, background mode
+# with the copy at normal CPU priority (the default is low), and QEMU's
 # blockdev-mirror through qemu-storage-daemon when it is installed.
 # Targets on tmpfs (/dev/shm) and on the same disk as the source.
 #
 # Usage: bench/mirror.sh [tmpfs|disk|both]   env: SIZE=2G DURATION=20 BS=4k DEPTH=32
-#        CASES="idle background write-blocking rescan qemu-background qemu-write-blocking"
+#        CASES="idle background background-normal write-blocking rescan qemu-background qemu-write-blocking"
 set -u
 top=$(cd "$(dirname "$0")/.." && pwd)
 QK=${QCOWKIT:-$top/build/tools/qcowkit}
@@ -16,7 +17,7 @@ SIZE=${SIZE:-2G}
 DURATION=${DURATION:-20}
 BS=${BS:-4k}
 DEPTH=${DEPTH:-32}
-CASES=${CASES:-"idle background write-blocking rescan qemu-background qemu-write-blocking"}
+CASES=${CASES:-"idle background background-normal write-blocking rescan qemu-background qemu-write-blocking"}
 where=${1:-both}
 work=$(mktemp -d /var/tmp/qk-mirror-bench.XXXXXX)
 pids=()
@@ -45,7 +46,13 @@ iops() { # fio may print notes before its JSON
   python3 -c "import json,sys; t=open(sys.argv[1]).read(); print(round(json.loads(t[t.index('{'):])['jobs'][0]['write']['iops']))" "$1"
 }
 
+# Every case starts from an empty page cache (where we may drop it): the
+# fill leaves large folios behind, and 4k writes into those cost the file
+# system several times more than writes into a cold file.
+drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
+
 start_qk() {
+  drop_caches
   rm -f "$work/pid"
   "$QK" serve --pidfile "$work/pid" --socket "$sock" --control "$ctl_sock" \
     --export "name=disk,file=$src,format=qcow2" &
@@ -68,8 +75,8 @@ seq_bw() { # target-dir: sequential copy bandwidth (idle mirror == sparse-aware 
   rm -f "$1/seq.qcow2"
 }
 
-qk_case() { # target-dir mode rescan
-  local tdir=$1 mode=$2 rescan=$3 tgt=$1/dst.qcow2
+qk_case() { # target-dir mode rescan [copy-priority]
+  local tdir=$1 mode=$2 rescan=$3 prio=${4:-auto} tgt=$1/dst.qcow2
   rm -f "$tgt"
   start_qk
   fio_run "$work/fio.json" &
@@ -77,7 +84,7 @@ qk_case() { # target-dir mode rescan
   sleep 1
   local t0 ready="" now st
   t0=$(date +%s.%N)
-  qctl mirror-start export=disk target="$tgt" mode="$mode" id=m rescan-per-chunk="$rescan" > /dev/null
+  qctl mirror-start export=disk target="$tgt" mode="$mode" id=m rescan-per-chunk="$rescan" copy-priority="$prio" > /dev/null
   while kill -0 "$fpid" 2>/dev/null; do
     st=$(qctl query-jobs | field status)
     if [ -z "$ready" ] && [ "$st" = ready ]; then ready=$(python3 -c "print(round($(date +%s.%N)-$t0,1))"); fi
@@ -99,7 +106,8 @@ qk_case() { # target-dir mode rescan
     qctl job-cancel id=m wait=true > /dev/null
   fi
   printf '| qcowkit %s%s | %s | %s MB/s | %s | %s | dirty at writer end %s MiB |\n' "$mode" \
-    "$([ "$rescan" = true ] && echo ' (rescan+drain per chunk)')" "$(iops "$work/fio.json")" "$tput" \
+    "$([ "$rescan" = true ] && echo ' (rescan+drain per chunk)')$([ "$prio" = normal ] && echo ' (copy at normal CPU priority)')" \
+    "$(iops "$work/fio.json")" "$tput" \
     "${ready:-not ready while the writer ran}" "$total" "$(( ${dirty:-0} / 1048576 ))"
   stop_qk
   rm -f "$tgt"
@@ -110,6 +118,7 @@ qsd_case() { # target-dir copy-mode
   command -v qemu-storage-daemon > /dev/null || { echo "| QEMU $mode | qemu-storage-daemon not installed | | | |"; return; }
   rm -f "$tgt" "$work/qmp.sock"
   qemu-img create -q -f qcow2 "$tgt" "$SIZE"
+  drop_caches
   qemu-storage-daemon --blockdev "driver=file,filename=$src,node-name=f0" \
     --blockdev "driver=qcow2,file=f0,node-name=src" \
     --blockdev "driver=file,filename=$tgt,node-name=f1" \
@@ -138,6 +147,7 @@ run_where() { # label dir
     case $c in
       idle) start_qk; fio_run "$work/fio.json"; stop_qk; echo "| no mirror | $(iops "$work/fio.json") | | | | |" ;;
       background) qk_case "$2" background false ;;
+      background-normal) qk_case "$2" background false normal ;;
       write-blocking) qk_case "$2" write-blocking false ;;
       rescan) qk_case "$2" background true ;;
       qemu-background) qsd_case "$2" background ;;

@@ -108,7 +108,7 @@ static void coroutine_fn job_finished(QkJob *job, void *opaque)
 
 static json_t *coroutine_fn cmd_mirror_start(QkDaemon *d, json_t *args, QkError *err)
 {
-    const char *exp_name, *target, *format, *id, *mode;
+    const char *exp_name, *target, *format, *id, *mode, *prio;
     QkMirrorOptions o = {0};
     uint64_t in_flight = 0;
     if (qk_control_arg_string(args, "export", true, &exp_name, err) < 0 ||
@@ -116,6 +116,7 @@ static json_t *coroutine_fn cmd_mirror_start(QkDaemon *d, json_t *args, QkError 
         qk_control_arg_string(args, "format", false, &format, err) < 0 ||
         qk_control_arg_string(args, "id", false, &id, err) < 0 ||
         qk_control_arg_string(args, "mode", false, &mode, err) < 0 ||
+        qk_control_arg_string(args, "copy-priority", false, &prio, err) < 0 ||
         arg_size(args, "speed", &o.speed, err) < 0 ||
         arg_size(args, "granularity", &o.granularity, err) < 0 ||
         arg_size(args, "buf-size", &o.buf_size, err) < 0 ||
@@ -126,6 +127,10 @@ static json_t *coroutine_fn cmd_mirror_start(QkDaemon *d, json_t *args, QkError 
     }
     if (mode && qk_mirror_mode_parse(mode, &o.mode) < 0) {
         qk_error_set(err, -EINVAL, "Parameter 'mode' expects 'background' or 'write-blocking'");
+        return NULL;
+    }
+    if (prio && qk_mirror_priority_parse(prio, &o.copy_priority) < 0) {
+        qk_error_set(err, -EINVAL, "Parameter 'copy-priority' expects 'low', 'normal' or 'auto'");
         return NULL;
     }
     if (in_flight > 1024) {
@@ -350,7 +355,7 @@ void coroutine_fn qk_co_control_jobs_shutdown(void)
 
 static const char *const start_params[] = {
     "export", "target", "format", "id", "mode", "speed", "granularity", "buf-size",
-    "max-in-flight", "ready-threshold", "rescan-per-chunk", NULL,
+    "max-in-flight", "ready-threshold", "rescan-per-chunk", "copy-priority", NULL,
 };
 static const char *const id_params[] = {"id", NULL};
 static const char *const complete_params[] = {"id", "switch", "wait", NULL};

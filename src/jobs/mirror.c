@@ -29,6 +29,8 @@
 #define MAX_ZERO_OP (256ULL << 20)
 #define MAX_ZERO_REQ (32ULL << 20)
 #define IDLE_SLEEP_NS 2000000LL
+/* Pause between dirty passes of a ready background mirror. */
+#define PASS_PAUSE_NS 100000000LL
 
 typedef struct Mirror Mirror;
 
@@ -62,6 +64,7 @@ struct Mirror {
     bool hook_installed;
     bool do_switch;
     bool switched;                /* users moved to the target: forward everything */
+    bool pass_pause;              /* a full dirty pass ended while ready */
     uint64_t bulk_cursor;
     uint64_t in_flight_bytes;
     /* Copy buffers of max_op bytes, kept for the job's life: a fresh
@@ -75,6 +78,18 @@ struct Mirror {
 };
 
 static const QkJobDriver mirror_driver;
+
+int qk_mirror_priority_parse(const char *s, QkMirrorPriority *prio)
+{
+    static const char *const names[] = {"auto", "low", "normal"};
+    for (int i = 0; i < 3; i++) {
+        if (strcmp(s, names[i]) == 0) {
+            *prio = (QkMirrorPriority)i;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
 
 int qk_mirror_mode_parse(const char *s, QkMirrorMode *mode)
 {
@@ -257,6 +272,9 @@ static int coroutine_fn copy_task(void *opaque)
 {
     MirrorOp *op = opaque;
     Mirror *m = op->m;
+    if (m->o.copy_priority == QK_MIRROR_PRIO_LOW) {
+        qk_coroutine_set_background(true);
+    }
     op_wait_earlier(op);
     int r = copy_op(op);
     if (r < 0) {
@@ -351,6 +369,14 @@ static bool coroutine_fn dirty_step(Mirror *m, uint64_t *cursor)
         /* Wrap around: the only time the walk starts again at 0. */
         m->st.cursor_restarts++;
         *cursor = 0;
+        if (m->job.state == QK_JOB_READY && m->o.mode == QK_MIRROR_BACKGROUND) {
+            /* A ready mirror need not chase every write as it lands:
+             * pausing between passes lets writes to the same chunks
+             * coalesce and leaves the CPUs to the writer. Completion
+             * copies what is left with writes held anyway. */
+            m->pass_pause = true;
+            return false;
+        }
         off = qk_dirty_bitmap_next_dirty(m->bm, 0);
         if (off == UINT64_MAX || off >= m->size) {
             return false;
@@ -567,7 +593,8 @@ static int coroutine_fn mirror_run(QkJob *job, QkError *err)
             break;
         }
         if (job->dirty_bytes == 0 || !dirty_step(m, &cursor)) {
-            qk_co_job_sleep_ns(job, IDLE_SLEEP_NS);
+            qk_co_job_sleep_ns(job, m->pass_pause ? PASS_PAUSE_NS : IDLE_SLEEP_NS);
+            m->pass_pause = false;
         }
     }
     qk_task_pool_wait_all(m->pool);
@@ -644,6 +671,9 @@ QkJob *qk_mirror_start(const char *id, QkBlock *source, QkBlock *target,
     if (o.granularity < 512 || o.granularity > (64ULL << 20) || !qk_is_pow2(o.granularity)) {
         qk_error_set(err, -EINVAL, "Granularity must be a power of two between 512 and 64 MiB");
         return NULL;
+    }
+    if (o.copy_priority == QK_MIRROR_PRIO_AUTO) {
+        o.copy_priority = o.mode == QK_MIRROR_BACKGROUND ? QK_MIRROR_PRIO_LOW : QK_MIRROR_PRIO_NORMAL;
     }
     o.buf_size = o.buf_size ? o.buf_size : DEFAULT_BUF_SIZE;
     o.max_in_flight = o.max_in_flight > 0 ? o.max_in_flight : DEFAULT_IN_FLIGHT;

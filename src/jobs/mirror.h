@@ -33,6 +33,10 @@ typedef enum QkMirrorMode {
  * flight, new ones held) and the target holds the same bytes. */
 typedef void QkMirrorSwitchFn(void *opaque, QkBlock *source, QkBlock *target);
 
+/* AUTO: low in background mode (the writer comes first), normal in
+ * write-blocking mode (the copy must keep up under any write load). */
+typedef enum { QK_MIRROR_PRIO_AUTO, QK_MIRROR_PRIO_LOW, QK_MIRROR_PRIO_NORMAL } QkMirrorPriority;
+
 typedef struct QkMirrorOptions {
     uint64_t granularity;     /* 0: target cluster size clamped to 4K..64K */
     uint64_t buf_size;        /* bytes of copy buffers in flight; 0: 16 MiB */
@@ -42,6 +46,7 @@ typedef struct QkMirrorOptions {
     uint64_t ready_threshold; /* ready when dirty bytes <= this; default 0 */
     bool target_is_zero;      /* fresh target: the bulk pass skips zeroes */
     bool rescan_per_chunk;    /* ablation: restart the walk and drain per chunk */
+    QkMirrorPriority copy_priority; /* CPU priority of the copies' host I/O */
     QkMirrorSwitchFn *switch_fn;
     void *switch_opaque;
 } QkMirrorOptions;
@@ -49,6 +54,8 @@ typedef struct QkMirrorOptions {
 /* Parses "background" / "write-blocking"; -EINVAL otherwise. */
 int qk_mirror_mode_parse(const char *s, QkMirrorMode *mode);
 const char *qk_mirror_mode_name(QkMirrorMode mode);
+/* Parses "low" / "normal" / "auto"; -EINVAL otherwise. */
+int qk_mirror_priority_parse(const char *s, QkMirrorPriority *prio);
 
 /* Creates and starts a mirror job. Neither node is owned by the job; both
  * must stay open until it has finished. The target must be at least as
