@@ -16,6 +16,23 @@
 
 enum { MODE_ZERO, MODE_ZERO_UNMAP, MODE_DISCARD };
 
+/* Drops the reference the old L2 entry l2e held. On unmap or discard, a
+ * host cluster nobody refers to any more is also given back to the host
+ * file; nothing can reuse it before the caller drops s->lock. */
+static int coroutine_fn free_entry(Qcow2State *s, uint64_t l2e, int mode)
+{
+    int r = qcow2_free_l2_entry(s, l2e);
+    uint64_t host = l2e & QCOW2_L2E_OFFSET_MASK;
+    if (r == 0 && host && !(l2e & QCOW2_OFLAG_COMPRESSED) && mode != MODE_ZERO) {
+        uint64_t rc;
+        r = qcow2_get_refcount(s, host >> s->cluster_bits, &rc);
+        if (r == 0 && rc == 0) {
+            qk_co_pdiscard(s->bs->file, host, s->cluster_size);
+        }
+    }
+    return r;
+}
+
 /* Updates the entries of clusters [c, c+n), all in one L2 table. */
 static int coroutine_fn modify_table(Qcow2State *s, uint64_t c, uint64_t n, int mode)
 {
@@ -73,16 +90,7 @@ static int coroutine_fn modify_table(Qcow2State *s, uint64_t c, uint64_t n, int 
         qcow2_l2_set(s, t, i0 + k, ne, nbm);
         changed = true;
         if (free_old) {
-            r = qcow2_free_l2_entry(s, old);
-            if (r == 0 && !compressed && mode != MODE_ZERO) {
-                uint64_t rc;
-                r = qcow2_get_refcount(s, host >> s->cluster_bits, &rc);
-                if (r == 0 && rc == 0) {
-                    /* Give the space back to the host; nothing can reuse the
-                     * cluster before we drop s->lock. */
-                    qk_co_pdiscard(bs->file, host, s->cluster_size);
-                }
-            }
+            r = free_entry(s, old, mode);
         }
     }
     if (changed) {
