@@ -5,7 +5,11 @@
  * zero bits set (the host cluster stays). Partial units (subclusters, or
  * clusters with standard L2) at the edges of a zero write are written as
  * zeros unless they already read as zeros (or, when the whole unit does,
- * get its zero bit, as QEMU does); discard leaves partial clusters alone.
+ * get its zero bit, as QEMU does). Discard with standard L2 drops whole
+ * clusters only; with extended L2 it treats the whole subclusters of a
+ * partly covered cluster as a zero write does, and frees the host cluster
+ * once none of its subclusters is allocated any more. Partial units at
+ * the edges of a discard are left alone (discard is advisory).
  * v2 images have no zero flag: zero writes fall back to the block
  * layer's generic path.
  */
@@ -101,8 +105,10 @@ static int coroutine_fn modify_table(Qcow2State *s, uint64_t c, uint64_t n, int 
 }
 
 /* Sets the zero bits of the subclusters in mask of cluster c (extended
- * L2, a partly covered cluster). Returns 1 when the cluster is compressed:
- * its subclusters have no bits, the caller writes zeros instead. */
+ * L2, a partly covered cluster). A discard then frees the host cluster if
+ * no subcluster of it stays allocated. Returns 1 when the cluster is
+ * compressed: its subclusters have no bits, the caller writes zeros
+ * instead (a discard leaves it alone). */
 static int coroutine_fn modify_subclusters(Qcow2State *s, uint64_t c, uint32_t mask, int mode)
 {
     QkBlock *bs = s->bs;
@@ -128,13 +134,25 @@ static int coroutine_fn modify_subclusters(Qcow2State *s, uint64_t c, uint32_t m
         qcow2_cache_put(s->l2_cache, &t);
         return mode == MODE_DISCARD ? 0 : 1;
     }
+    /* Subclusters that read as zeros already (nothing here and no backing
+     * file) get zero bits as well: a discard stays the zero write on whole
+     * subclusters, and the entry what QEMU's tools make of that write. */
     uint64_t nbm = (bm & ~(uint64_t)mask) | ((uint64_t)mask << 32);
-    if (nbm != bm) {
-        qcow2_l2_set(s, t, i, e, nbm);
+    uint64_t ne = e;
+    bool drop = mode == MODE_DISCARD && (e & QCOW2_L2E_OFFSET_MASK) && !(nbm & QCOW2_BITMAP_ALL_ALLOC);
+    if (drop) {
+        /* Nothing of the host cluster is in use: free it. The zero bits
+         * stay; unallocated subclusters stay unallocated, as they must
+         * where a backing file shows through them (without one they read
+         * as zeros anyway). */
+        ne = 0;
+    }
+    if (ne != e || nbm != bm) {
+        qcow2_l2_set(s, t, i, ne, nbm);
         qcow2_cache_mark_dirty(s->l2_cache, t);
     }
     qcow2_cache_put(s->l2_cache, &t);
-    return 0;
+    return drop ? free_entry(s, e, mode) : 0;
 }
 
 static int coroutine_fn zero_partial(Qcow2State *s, uint64_t off, uint64_t len);
@@ -277,10 +295,10 @@ int coroutine_fn qcow2_co_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t byte
 int coroutine_fn qcow2_co_pdiscard(QkBlock *bs, uint64_t off, uint64_t bytes)
 {
     Qcow2State *s = qcow2_state(bs);
-    /* Whole clusters only, as QEMU: a partial cluster keeps its data, so
-     * images stay identical to ones QEMU's tools wrote with the same
-     * requests. (Zero writes are the subcluster-granular operation.) */
-    uint64_t unit = s->cluster_size;
+    /* Standard L2: whole clusters only, a partial cluster keeps its data.
+     * Extended L2: whole subclusters, which then read as zeros (not from
+     * the backing file), as a guest expects of discard on v3 images. */
+    uint64_t unit = s->extended_l2 ? s->sc_size : s->cluster_size;
     uint64_t end = off + bytes;
     uint64_t end_al = end == bs->size ? qk_align_up(end, unit) : qk_align_down(end, unit);
     uint64_t start_al = qk_align_up(off, unit);
