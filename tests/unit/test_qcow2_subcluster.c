@@ -9,7 +9,10 @@
  * allocation must be the same, host offsets aside). QEMU 7.2's tools
  * ignore partial-cluster discards, so the twin gets the same result by
  * other means: a discard of the whole clusters and a zero write of the
- * whole subclusters of the partly covered ones. */
+ * whole subclusters of the partly covered ones. Then discards that free
+ * a host cluster (subcluster by subcluster, and racing with writes into
+ * the same clusters), checked by content, block status, reuse of the
+ * freed cluster, qemu-img check and compare. */
 #include "qcow2_test_util.h"
 
 #define CS 65536ULL
@@ -200,11 +203,9 @@ static void run_case(bool backing, const char *name, const Op *op)
     QK_CHECK_EQ(mr, 0);
 }
 
-/* The benchmark's pattern, checked: NPAR small writes at once, each into
- * the same few clusters (2K aligned, 2K at +512, 2560), in both dependency
- * modes, with and without a backing file; content, check and the twin. */
-#define NPAR 96
-static void parallel(bool backing, bool strict, uint64_t size, uint64_t step, uint64_t start)
+/* Creates sp.qcow2 (over sb.qcow2 with backing), resets the model to
+ * what it reads and opens it in the given dependency mode. */
+static QkBlock *open_scratch(bool backing, bool strict)
 {
     ncases++;
     t_sh("rm -f sp.qcow2 sp.raw");
@@ -218,6 +219,31 @@ static void parallel(bool backing, bool strict, uint64_t size, uint64_t step, ui
     QkOpenOptions oo = {.flags = QK_OPEN_RDWR, .format = "qcow2", .strict_alloc_deps = strict};
     QkBlock *bs = qk_block_open("sp.qcow2", &oo, &err);
     QK_CHECK(bs != NULL);
+    return bs;
+}
+
+/* Checks the content against the model, closes, and has QEMU's tools
+ * check the image and compare it with the model. */
+static void close_scratch(QkBlock *bs, const char *what)
+{
+    int vr = t_verify(bs, model, LEN);
+    if (vr) {
+        fprintf(stderr, "%s: content differs\n", what);
+    }
+    QK_CHECK_EQ(vr, 0);
+    qk_block_close(bs);
+    QK_CHECK_EQ(t_qemu_check("sp.qcow2"), 0);
+    QK_CHECK_EQ(t_write_raw("sp.raw", model, LEN), 0);
+    QK_CHECK_EQ(t_qemu_compare("sp.qcow2", "sp.raw"), 0);
+}
+
+/* The benchmark's pattern, checked: NPAR small writes at once, each into
+ * the same few clusters (2K aligned, 2K at +512, 2560), in both dependency
+ * modes, with and without a backing file; content, check and the twin. */
+#define NPAR 96
+static void parallel(bool backing, bool strict, uint64_t size, uint64_t step, uint64_t start)
+{
+    QkBlock *bs = open_scratch(backing, strict);
     if (!bs) {
         return;
     }
@@ -233,16 +259,125 @@ static void parallel(bool backing, bool strict, uint64_t size, uint64_t step, ui
     for (int i = 0; i < NPAR; i++) {
         QK_CHECK_EQ(reqs[i].ret, 0);
     }
-    int vr = t_verify(bs, model, LEN);
-    if (vr) {
-        fprintf(stderr, "parallel %llu+%llu*k backing=%d strict=%d: content differs\n",
-                (unsigned long long)start, (unsigned long long)step, backing, strict);
+    char what[96];
+    snprintf(what, sizeof(what), "parallel %llu+%llu*k backing=%d strict=%d", (unsigned long long)start,
+             (unsigned long long)step, backing, strict);
+    close_scratch(bs, what);
+}
+
+static void apply(QkBlock *bs, Op o)
+{
+    int r = qk_apply(bs, &o);
+    if (r != 0) {
+        fprintf(stderr, "op %c %llu+%llu failed: %d\n", o.kind, (unsigned long long)o.off,
+                (unsigned long long)o.len, r);
     }
-    QK_CHECK_EQ(vr, 0);
-    qk_block_close(bs);
-    QK_CHECK_EQ(t_qemu_check("sp.qcow2"), 0);
-    QK_CHECK_EQ(t_write_raw("sp.raw", model, LEN), 0);
-    QK_CHECK_EQ(t_qemu_compare("sp.qcow2", "sp.raw"), 0);
+    QK_CHECK_EQ(r, 0);
+    model_apply(&o);
+}
+
+/* Discarding the allocated subclusters of a cluster one by one, not in
+ * order and half of the time with unaligned edges, frees its host cluster
+ * when the last goes (zero and unallocated subclusters, which it also
+ * has, keep nothing allocated): the entry loses its offset, unallocated
+ * subclusters still show the backing file, and the next new cluster
+ * reuses the host cluster (so its refcount went to 0). */
+static void discard_one_by_one(bool backing)
+{
+    QkBlock *bs = open_scratch(backing, false);
+    if (!bs) {
+        return;
+    }
+    apply(bs, (Op){'w', CS, 20 * SC, 0x5a});
+    apply(bs, (Op){'w', CS + 22 * SC, 10 * SC, 0x5b}); /* 20 and 21 stay unallocated */
+    apply(bs, (Op){'z', CS + 7 * SC, 3 * SC, 0});
+    apply(bs, (Op){'w', 3 * CS, CS, 0x33});
+    uint64_t pnum = 0, host = 0, map = 0;
+    QK_CHECK(t_status(bs, CS, SC, &pnum, &host) & QK_BS_OFFSET_VALID);
+    int left = 32 - 3 - 2;
+    for (unsigned k = 0; k < 32; k++) {
+        unsigned i = (k * 13) % 32;
+        if ((i >= 7 && i <= 9) || i == 20 || i == 21) {
+            continue;
+        }
+        uint64_t off = CS + i * SC;
+        apply(bs, k % 2 ? (Op){'d', off - 100, SC + 200, 0} : (Op){'d', off, SC, 0});
+        QK_CHECK_EQ(t_verify(bs, model, LEN), 0);
+        int st = t_status(bs, off, SC, &pnum, &map);
+        QK_CHECK_EQ(st & (QK_BS_ZERO | QK_BS_ALLOCATED | QK_BS_DATA), QK_BS_ZERO | QK_BS_ALLOCATED);
+        /* The host cluster goes with the last allocated subcluster only. */
+        QK_CHECK_EQ(!!(st & QK_BS_OFFSET_VALID), --left > 0);
+    }
+    int st = t_status(bs, CS, CS, &pnum, &map);
+    QK_CHECK_EQ(st & (QK_BS_ZERO | QK_BS_ALLOCATED | QK_BS_DATA | QK_BS_OFFSET_VALID), QK_BS_ZERO | QK_BS_ALLOCATED);
+    QK_CHECK_EQ(pnum, 20 * SC);
+    st = t_status(bs, CS + 20 * SC, 2 * SC, &pnum, &map);
+    QK_CHECK_EQ(st & (QK_BS_ALLOCATED | QK_BS_OFFSET_VALID), 0);
+    QK_CHECK_EQ(pnum, 2 * SC);
+    apply(bs, (Op){'w', 2 * CS, CS, 0x66});
+    st = t_status(bs, 2 * CS, CS, &pnum, &map);
+    QK_CHECK(st & QK_BS_OFFSET_VALID);
+    QK_CHECK_EQ(map, host);
+    close_scratch(bs, backing ? "discard one by one (backing)" : "discard one by one");
+}
+
+#define NRACE 128
+static TReq race[NRACE];
+static uint8_t race_bufs[NRACE][SC];
+static int nrace;
+
+/* Queues o for discard_parallel and applies it to the model (the ranges
+ * of one batch never overlap: any completion order gives one result). */
+static void race_add(QkBlock *bs, Op o)
+{
+    memset(race_bufs[nrace], o.pat, SC);
+    race[nrace] = (TReq){.bs = bs, .op = o.kind == 'w' ? 1 : 3, .off = o.off, .len = o.len, .buf = race_bufs[nrace]};
+    nrace++;
+    model_apply(&o);
+}
+
+/* Discards racing with writes into the same clusters, all at once.
+ * Clusters 0 and 3 have their even subclusters allocated: in cluster 3
+ * they are discarded while the odd ones are written, in turns; in
+ * cluster 0 they are discarded first, which frees the host cluster while
+ * the writes into its odd subclusters are on their way (they must
+ * allocate anew). Cluster 1, all allocated, is discarded subcluster by
+ * subcluster while cluster 2 is written for the first time (and may get
+ * cluster 1's host cluster). */
+static void discard_parallel(bool backing, bool strict)
+{
+    QkBlock *bs = open_scratch(backing, strict);
+    if (!bs) {
+        return;
+    }
+    for (uint64_t i = 0; i < 32; i += 2) {
+        apply(bs, (Op){'w', i * SC, SC, 0x20 + (int)i});
+        apply(bs, (Op){'w', 3 * CS + i * SC, SC, 0x40 + (int)i});
+    }
+    apply(bs, (Op){'w', CS, CS, 0x31});
+    nrace = 0;
+    for (uint64_t i = 0; i < 32; i += 2) {
+        race_add(bs, (Op){'d', i * SC, SC, 0});
+    }
+    for (uint64_t i = 0; i < 32; i++) {
+        if (i % 2) {
+            race_add(bs, (Op){'w', i * SC, SC, 0x80 + (int)i});
+        }
+        race_add(bs, (Op){i % 2 ? 'w' : 'd', 3 * CS + i * SC, SC, 0xa0 + (int)i});
+        race_add(bs, (Op){'d', CS + ((i * 7) % 32) * SC, SC, 0});
+        race_add(bs, (Op){'w', 2 * CS + i * SC, SC, 0xc0 + (int)i});
+    }
+    t_run_all(race, nrace);
+    for (int i = 0; i < nrace; i++) {
+        QK_CHECK_EQ(race[i].ret, 0);
+    }
+    uint64_t pnum = 0, map = 0;
+    int st = t_status(bs, CS, CS, &pnum, &map);
+    QK_CHECK_EQ(st & (QK_BS_ZERO | QK_BS_ALLOCATED | QK_BS_DATA | QK_BS_OFFSET_VALID), QK_BS_ZERO | QK_BS_ALLOCATED);
+    QK_CHECK_EQ(pnum, CS);
+    char what[64];
+    snprintf(what, sizeof(what), "discard parallel backing=%d strict=%d", backing, strict);
+    close_scratch(bs, what);
 }
 
 int main(void)
@@ -289,13 +424,21 @@ int main(void)
             {"zero-cluster", {'z', CS, CS, 0}},
             {"discard-cluster", {'d', 0, CS, 0}},
             {"discard-fresh-cluster", {'d', 2 * CS, CS, 0}},
+            {"discard-middle", {'d', 3 * CS + 5 * SC, 9 * SC, 0}},
+            {"discard-middle-unaligned", {'d', 3 * CS + 5 * SC - 700, 9 * SC + 1500, 0}},
+            {"discard-across-unaligned", {'d', CS - 5000, 9000, 0}},
+            {"discard-into-all-alloc", {'d', 3 * CS - 3000, 7 * SC, 0}},
+            {"discard-to-end", {'d', 3 * CS + 29 * SC + 1, 3 * SC - 1, 0}},
+            {"discard-last-sc", {'d', 3 * CS + 30 * SC + 100, 2 * SC - 100, 0}},
         };
         for (size_t i = 0; i < sizeof(span) / sizeof(span[0]); i++) {
             run_case(b, span[i].n, &span[i].op);
         }
     }
     for (int b = 0; b < 2; b++) {
+        discard_one_by_one(b);
         for (int strict = 0; strict < 2; strict++) {
+            discard_parallel(b, strict);
             parallel(b, strict, 2048, 2048, 0);
             parallel(b, strict, 2048, 2048, 512);
             parallel(b, strict, 2560, 2560, 0);
