@@ -2,7 +2,8 @@
  * zero clusters (write -z), compressed clusters (zlib and zstd), extended
  * L2 with partly allocated clusters, a backing chain (reads past a shorter
  * backing file are zeros), internal snapshots (writes must copy shared
- * clusters). Then our zero writes and discards, checked by qemu-img. */
+ * clusters). Then our zero writes and discards, checked by qemu-img, and
+ * our subcluster discards with extended L2 read back by qemu-io. */
 #include "qcow2_test_util.h"
 
 #define MB (1ULL << 20)
@@ -223,6 +224,64 @@ static void zero_discard(const char *opts, bool v2)
     free(m);
 }
 
+/* With extended L2 our discards of whole subclusters (of a partly covered
+ * cluster, or of all of one cluster piece by piece, which frees it) must
+ * read as zeros through qemu-io, also over a backing file, and the bytes
+ * around them (partial subclusters at the edges too) keep their data. */
+static void extl2_discard(bool backing)
+{
+    fprintf(stderr, "extended L2 subcluster discard, backing=%d\n", backing);
+    const uint64_t cs = 65536, sc = 2048, len = 8 * cs;
+    QK_CHECK_EQ(t_sh("rm -f xb.qcow2 x.qcow2 && qemu-img create -q -f qcow2 xb.qcow2 512k && "
+                     "qemu-io -f qcow2 -c 'write -P 0x99 0 512k' xb.qcow2 >/dev/null && "
+                     "qemu-img create -q -f qcow2 -o extended_l2=on,cluster_size=64k %s x.qcow2 512k",
+                     backing ? "-b xb.qcow2 -F qcow2" : ""), 0);
+    QkBlock *bs = t_open("x.qcow2", QK_OPEN_RDWR);
+    QK_CHECK(bs != NULL);
+    if (!bs) {
+        return;
+    }
+    uint8_t *buf = malloc(len);
+    memset(buf, 0x3c, len);
+    QK_CHECK_EQ(t_write(bs, 0, 6 * cs, buf), 0);
+    /* Zeros: subcluster 3 of cluster 0; subclusters 5..9 of cluster 1 (the
+     * discard starts and ends inside subclusters 4 and 10); the end of
+     * cluster 2 and the start of cluster 3; all of cluster 4, a subcluster
+     * or a bit more at a time (freed with the last one). */
+    static const struct { uint64_t off, len, z0, z1; } d[] = {
+        {3 * 2048, 2048, 3 * 2048, 4 * 2048},
+        {65536 + 4 * 2048 + 1, 7 * 2048 - 2, 65536 + 5 * 2048, 65536 + 10 * 2048},
+        {3 * 65536 - 5000, 9000, 3 * 65536 - 4096, 3 * 65536 + 2048},
+    };
+    for (size_t i = 0; i < QK_ARRAY_SIZE(d); i++) {
+        QK_CHECK_EQ(t_discard(bs, d[i].off, d[i].len), 0);
+    }
+    for (uint64_t o = 4 * cs; o < 5 * cs; o += 3 * sc) {
+        QK_CHECK_EQ(t_discard(bs, o, QK_MIN(3 * sc + 100, 5 * cs - o)), 0);
+    }
+    qk_block_close(bs);
+    char cmds[4096];
+    size_t u = 0;
+    uint64_t pos = 0;
+    for (size_t i = 0; i <= QK_ARRAY_SIZE(d); i++) {
+        uint64_t z0 = i < QK_ARRAY_SIZE(d) ? d[i].z0 : 4 * cs, z1 = i < QK_ARRAY_SIZE(d) ? d[i].z1 : 5 * cs;
+        u += (size_t)snprintf(cmds + u, sizeof(cmds) - u, "-c 'read -P 0x3c %llu %llu' -c 'read -P 0 %llu %llu' ",
+                              (unsigned long long)pos, (unsigned long long)(z0 - pos), (unsigned long long)z0,
+                              (unsigned long long)(z1 - z0));
+        pos = z1;
+    }
+    snprintf(cmds + u, sizeof(cmds) - u, "-c 'read -P 0x3c %llu %llu' -c 'read -P %d %llu %llu'",
+             (unsigned long long)pos, (unsigned long long)(6 * cs - pos), backing ? 0x99 : 0,
+             (unsigned long long)(6 * cs), (unsigned long long)(len - 6 * cs));
+    QK_CHECK_EQ(t_sh("qemu-io -f qcow2 -r %s x.qcow2 >x-read.log 2>&1 && ! grep -q failed x-read.log", cmds), 0);
+    /* Cluster 4 went back to the host: nothing of it is allocated there. */
+    QK_CHECK_EQ(t_sh("qemu-img map --output=json x.qcow2 | grep -q '\"start\": %llu, \"length\": %llu, "
+                     "\"depth\": 0, \"present\": true, \"zero\": true, \"data\": false}'",
+                     (unsigned long long)(4 * cs), (unsigned long long)cs), 0);
+    QK_CHECK_EQ(t_qemu_check("x.qcow2"), 0);
+    free(buf);
+}
+
 int main(void)
 {
     if (!t_have_qemu()) {
@@ -240,5 +299,7 @@ int main(void)
     zero_discard("-o compat=0.10", true);
     zero_discard("-o extended_l2=on,cluster_size=128k", false);
     zero_discard("-o lazy_refcounts=on,cluster_size=512", false);
+    extl2_discard(false);
+    extl2_discard(true);
     QK_TEST_DONE();
 }
