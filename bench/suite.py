@@ -13,6 +13,13 @@ preallocated with fallocate, and fresh) as the physical limit.
 Timing comes from each tool's own report ("Run completed in X seconds." or
 fio's job runtime), so image creation is never counted. Peak resident memory
 is measured with /usr/bin/time.
+
+The VM-state rows (--only vmstate) come from bench/vmstate.sh: saving a
+migration-like stream of pseudo-random pages (256 MiB with --quick, else
+2 GiB) through the buffered writer, the unbuffered path and the CLI pipe,
+against fio writing the same number of bytes sequentially in 1 MiB blocks;
+loading it back against fio's sequential read. qemu-img has no VM-state
+path, so the ratios are against fio.
 """
 import argparse
 import json
@@ -154,6 +161,72 @@ def workloads(quick):
     return wl
 
 
+# ---- VM state (measured by bench/vmstate.sh) ----------------------------
+
+VM_FIO = "fio raw 1M seq"
+# (column, bench/vmstate.sh's key, ratio column)
+VM_SYSTEMS = (("qcowkit", "buf", "qcowkit / fio"), ("qcowkit unbuffered", "unbuf", "unbuffered / fio"),
+              ("qcowkit snapshot -c (pipe)", "cli", "pipe / fio"), (VM_FIO, None, None))
+
+
+def vmstate_results(quick, runs, scratch):
+    """Runs bench/vmstate.sh once (every system in each of its runs, side
+    by side) and turns its per-run seconds into suite rows."""
+    size = (256 << 20) if quick else (2 << 30)
+    jf = os.path.join(scratch, "vmstate.json")
+    env = dict(os.environ, QCOWKIT_BIN=QCOWKIT)
+    p = sh(["bash", os.path.join(TOP, "bench", "vmstate.sh"), "--json", jf, "--dir", scratch,
+            str(runs), str(size)], env=env)
+    if p.returncode != 0:
+        raise RuntimeError("bench/vmstate.sh failed (%d):\n%s" % (p.returncode, p.stdout[-3000:]))
+    with open(jf) as f:
+        j = json.load(f)
+    sec = j["seconds"]
+    group = "VM state: a %d MiB migration-like stream of pseudo-random pages (131,328-byte pieces)" % (size >> 20)
+    out = []
+    for cache in ("none", "writeback"):
+        seconds = {name: sec["fio-write-" + cache] if key is None else sec["save-%s-%s" % (key, cache)]
+                   for name, key, _ in VM_SYSTEMS}
+        out.append(dict(workload="save, cache=%s" % cache, group=group, runs=runs, seconds=seconds,
+                        peak_rss_kib={"qcowkit": j["save_maxrss_kib"]} if cache == "none" else {},
+                        ratios=[(label, name, VM_FIO) for name, key, label in VM_SYSTEMS if key]))
+    out.append(dict(workload="load, cache=none", group=group, runs=runs,
+                    seconds={"qcowkit": sec["load-buf-none"], VM_FIO: sec["fio-read-none"]},
+                    peak_rss_kib={}, ratios=[("qcowkit / fio", "qcowkit", VM_FIO)]))
+    note = ("qcowkit is the buffered writer (reader with read-ahead for the load) driven through the "
+            "public API; fio writes a fresh raw file (O_DIRECT io_uring depth 8 for none, buffered + "
+            "fsync for writeback) and reads it back with O_DIRECT. Writer buffers at peak: %d bytes; "
+            "max RSS: generator + library %d KiB (includes its 64 MiB data pool), qcowkit snapshot "
+            "(pipe) %d KiB." % (statistics.median(j["writer_peak_buffers"]),
+                                statistics.median(j["save_maxrss_kib"]),
+                                statistics.median(j["cli_maxrss_kib"])))
+    out[0]["note"] = note
+    for r in out:
+        for name, vals in r["seconds"].items():
+            print("  %-45s %-40s runs: %s s" % (r["workload"], name, ", ".join("%.3f" % v for v in vals)),
+                  file=sys.stderr, flush=True)
+    return out
+
+
+def ratio_cells(r):
+    """(column, text) pairs of a result row's ratio columns."""
+    med = {c: statistics.median(v) for c, v in r["seconds"].items() if v}
+    if "ratios" in r:
+        return [(label, "%.2f" % (med[a] / med[b]) if med.get(a) and med.get(b) else "–")
+                for label, a, b in r["ratios"]]
+    ratio_q = "%.2f" % (med["qcowkit"] / med["qemu-img"]) if med.get("qemu-img") else "–"
+    fio_keys = [c for c in med if c.startswith("fio") and ("falloc" in c or c.endswith("written"))]
+    fk = "fio raw falloc" if "fio raw falloc" in med else (fio_keys[0] if fio_keys else None)
+    ratio_f = "%.2f (%s)" % (med["qcowkit"] / med[fk], fk.split()[-1]) if fk else "–"
+    rs = r["peak_rss_kib"]
+    ratio_m = "%.2f" % (statistics.median(rs["qcowkit"]) / statistics.median(rs["qemu-img"])) if rs.get("qemu-img") else "–"
+    return [("qcowkit / qemu-img", ratio_q), ("qcowkit / fio", ratio_f), ("qcowkit RSS / qemu-img RSS", ratio_m)]
+
+
+def selected(only, *fields):
+    return not only or any(only.lower() in f.lower() for f in fields)
+
+
 def fmt_cell(vals, unit="s"):
     if not vals:
         return "–"
@@ -180,7 +253,7 @@ def main():
         raw = os.path.join(scratch, "img.raw")
         filled = {}
         for w in workloads(a.quick):
-            if a.only and a.only not in w["name"] and a.only not in w["group"]:
+            if not selected(a.only, w["name"], w["group"]):
                 continue
             systems = {"qcowkit": [], "qemu-img": []}
             if w.get("ablation"):
@@ -214,6 +287,8 @@ def main():
                           file=sys.stderr, flush=True)
             results.append(dict(workload=w["name"], group=w["group"], runs=runs,
                                 seconds=systems, peak_rss_kib=rss))
+        if selected(a.only, "vmstate", "VM state"):
+            results += vmstate_results(a.quick, runs, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -230,26 +305,27 @@ def main():
             groups.append(r["group"])
     for g in groups:
         rows = [r for r in results if r["group"] == g]
-        cols = []
+        cols, rcols = [], []
         for r in rows:
             for s in r["seconds"]:
                 if s not in cols:
                     cols.append(s)
+            for label, _ in ratio_cells(r):
+                if label not in rcols:
+                    rcols.append(label)
         lines.append("### " + g)
         lines.append("")
-        lines.append("| workload | " + " | ".join(cols) + " | qcowkit / qemu-img | qcowkit / fio | qcowkit RSS / qemu-img RSS |")
-        lines.append("|---" * (len(cols) + 4) + "|")
+        lines.append("| workload | " + " | ".join(cols + rcols) + " |")
+        lines.append("|---" * (len(cols) + len(rcols) + 1) + "|")
         for r in rows:
             cells = [fmt_cell(r["seconds"].get(c, [])) for c in cols]
-            med = {c: statistics.median(v) for c, v in r["seconds"].items() if v}
-            ratio_q = "%.2f" % (med["qcowkit"] / med["qemu-img"]) if med.get("qemu-img") else "–"
-            fio_keys = [c for c in med if c.startswith("fio") and ("falloc" in c or c.endswith("written"))]
-            fk = "fio raw falloc" if "fio raw falloc" in med else (fio_keys[0] if fio_keys else None)
-            ratio_f = "%.2f (%s)" % (med["qcowkit"] / med[fk], fk.split()[-1]) if fk else "–"
-            rs = r["peak_rss_kib"]
-            ratio_m = "%.2f" % (statistics.median(rs["qcowkit"]) / statistics.median(rs["qemu-img"])) if rs.get("qemu-img") else "–"
-            lines.append("| %s | %s | %s | %s | %s |" % (r["workload"], " | ".join(cells), ratio_q, ratio_f, ratio_m))
+            ratios = dict(ratio_cells(r))
+            cells += [ratios.get(c, "–") for c in rcols]
+            lines.append("| %s | %s |" % (r["workload"], " | ".join(cells)))
         lines.append("")
+        for r in rows:
+            if r.get("note"):
+                lines += [r["note"], ""]
     table = "\n".join(lines)
     with open(os.path.join(a.out, "latest.md"), "w") as f:
         f.write(table + "\n")

@@ -10,14 +10,24 @@
 #   load the state back (read-ahead reader) vs fio sequential 1 MiB reads.
 # Peak memory: the writer's buffers (from the library) and the process's
 # maximum RSS from /usr/bin/time -v.
-# Usage: bench/vmstate.sh [RUNS] [SIZE]      (default 3 runs of 2 GiB)
+# Usage: bench/vmstate.sh [--json FILE] [--dir SCRATCH] [RUNS] [SIZE]
+#   (default 3 runs of 2 GiB in /var/tmp; --json also writes every run's
+#   seconds per measurement and the memory figures, for bench/suite.py)
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
+json="" scratch=/var/tmp
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --json) json=$2; shift 2 ;;
+    --dir) scratch=$2; shift 2 ;;
+    *) break ;;
+  esac
+done
 runs=${1:-3}
 size=${2:-$((2 << 30))}
 gen="$top/build/bench/qk-vmstate-gen"
-qk="$top/build/tools/qcowkit"
-dir=$(mktemp -d /var/tmp/qk-vmbench.XXXXXX)
+qk="${QCOWKIT_BIN:-$top/build/tools/qcowkit}"
+dir=$(mktemp -d "$scratch/qk-vmbench.XXXXXX")
 trap 'rm -rf "$dir"' EXIT
 img="$dir/vm.qcow2"
 raw="$dir/limit.raw"
@@ -62,13 +72,26 @@ for ((i = 0; i < runs; i++)); do
     fresh
     t0=$(date +%s.%N)
     "$gen" stream "$size" | /usr/bin/time -v "$qk" snapshot -c s --vmstate - -t "$cache" "$img" 2>"$dir/cli.log"
-    add "save-cli-$cache" "$(echo "$(date +%s.%N) - $t0" | bc)"
+    add "save-cli-$cache" "$(printf "%.3f" "$(echo "$(date +%s.%N) - $t0" | bc)")"
     [ "$cache" = none ] && clirss+=("$(awk '/Maximum resident/ {print $6}' "$dir/cli.log")")
     fio_run "fio-write-$cache" write "$([ $cache = none ] && echo 1 || echo 0)"
   done
   fio_run fio-read-none read 1
   rm -f "$img" "$raw"
 done
+
+if [ -n "$json" ]; then
+  {
+    printf '{"size": %s, "runs": %s, "seconds": {' "$size" "$runs"
+    sep=""
+    for k in "${!res[@]}"; do
+      printf '%s"%s": [%s]' "$sep" "$k" "$(echo ${res[$k]} | tr ' ' ',')"
+      sep=", "
+    done
+    printf '}, "writer_peak_buffers": [%s], "save_maxrss_kib": [%s], "cli_maxrss_kib": [%s]}\n' \
+      "$(IFS=,; echo "${bufpeak[*]}")" "$(IFS=,; echo "${maxrss[*]}")" "$(IFS=,; echo "${clirss[*]}")"
+  } >"$json"
+fi
 
 gib=$(echo "scale=3; $size / 1073741824" | bc)
 row() { # label key
