@@ -166,6 +166,7 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
     bs->request_alignment = 1;
     s->file_size = flen;
     s->host_end = flen;
+    s->written_end = flen;
     s->free_hint = 1;
 
     if (!bs->read_only) {

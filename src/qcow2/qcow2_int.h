@@ -190,6 +190,7 @@ struct Qcow2State {
     uint64_t host_end;          /* end of the highest cluster ever allocated */
     uint64_t file_size;         /* host file size as we last set or saw it */
     bool file_grown;            /* we extended the file ahead of use */
+    uint64_t written_end;       /* O_DIRECT: the file holds written blocks (or existed) below this */
     QkCoMutex grow_lock;        /* one file extension at a time */
 
     bool lazy_refcounts;
@@ -239,6 +240,11 @@ int coroutine_fn qcow2_get_refcount(Qcow2State *s, uint64_t cluster, uint64_t *r
 int coroutine_fn qcow2_update_refcount(Qcow2State *s, uint64_t off, uint64_t len, int64_t addend);
 /* Allocates n contiguous clusters (refcount 1); returns the host offset or -errno. */
 int64_t coroutine_fn qcow2_alloc_clusters(Qcow2State *s, uint64_t n);
+/* The same for a caller that writes the new clusters at once with
+ * requests of at least QCOW2_BULK_WRITE bytes: under O_DIRECT the file
+ * then grows sparsely instead of by writing zeros first. */
+#define QCOW2_BULK_WRITE (1u << 20)
+int64_t coroutine_fn qcow2_alloc_clusters_bulk(Qcow2State *s, uint64_t n);
 int coroutine_fn qcow2_free_clusters(Qcow2State *s, uint64_t off, uint64_t len);
 /* Drops the reference an L2 entry holds (normal, zero-allocated or compressed). */
 int coroutine_fn qcow2_free_l2_entry(Qcow2State *s, uint64_t l2e);

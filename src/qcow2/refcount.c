@@ -81,13 +81,13 @@ int coroutine_fn qcow2_write_rt_entry(Qcow2State *s, uint64_t ti)
     return qk_co_pwrite(s->bs->file, s->rt_offset + ti * 8, 8, b, 0);
 }
 
-/* Extends the host file to target by writing zeros in large requests.
+/* Writes zeros over [from, target) of the host file in large requests.
  * With O_DIRECT, a small write into a hole or an unwritten (fallocated)
  * extent makes the file system allocate or convert blocks under an
  * exclusive lock, several times slower than a write into blocks that were
  * already written; writing the new space once, sequentially, turns every
  * later small write into the fast kind. */
-static int coroutine_fn grow_written(Qcow2State *s, uint64_t target)
+static int coroutine_fn write_zeros(Qcow2State *s, uint64_t from, uint64_t target)
 {
     enum { CHUNK = 1 << 20 };
     static void *zeros;
@@ -97,7 +97,7 @@ static int coroutine_fn grow_written(Qcow2State *s, uint64_t target)
             return -ENOMEM;
         }
     }
-    for (uint64_t off = s->file_size; off < target;) {
+    for (uint64_t off = from; off < target;) {
         uint64_t n = QK_MIN((uint64_t)CHUNK - off % CHUNK, target - off);
         int r = qk_co_pwrite(s->bs->file, off, n, zeros, 0);
         if (r < 0) {
@@ -108,40 +108,74 @@ static int coroutine_fn grow_written(Qcow2State *s, uint64_t target)
     return 0;
 }
 
-int coroutine_fn qcow2_ensure_file_size(Qcow2State *s, uint64_t end)
+/* True when an allocation ending at end must grow the file, or (small
+ * allocations under O_DIRECT) must first have zeros written under it. */
+static bool must_grow(const Qcow2State *s, uint64_t end, bool direct, bool bulk)
 {
-    if (end > s->host_end) {
-        s->host_end = end;
-    }
-    if (end <= s->file_size) {
+    return end > s->file_size || (direct && !bulk && end > s->written_end);
+}
+
+/* Makes the file reach end for an allocation. Grows ahead so that small
+ * writes into new clusters do not each pay for extending the file; close
+ * trims the excess. Only small allocations under O_DIRECT get written
+ * zeros (see write_zeros): a bulk one is written right away by requests
+ * large enough to amortise the file system's allocation, and zeros under
+ * it would double the bytes written, so it grows the file sparsely like a
+ * buffered image does. used is where allocated space ended before. */
+static int coroutine_fn grow_file(Qcow2State *s, uint64_t end, uint64_t used, bool bulk)
+{
+    bool direct = (s->bs->file->open_flags & QK_OPEN_NOCACHE) != 0;
+    if (!must_grow(s, end, direct, bulk)) {
         return 0;
     }
     qk_co_mutex_lock(&s->grow_lock);
-    if (end <= s->file_size) {
+    if (!must_grow(s, end, direct, bulk)) {
         qk_co_mutex_unlock(&s->grow_lock); /* grown while we waited */
         return 0;
     }
-    /* Grow ahead so that small writes into new clusters do not each pay
-     * for extending the file; close trims the excess. */
-    bool direct = (s->bs->file->open_flags & QK_OPEN_NOCACHE) != 0;
-    uint64_t step = QK_MAX(QK_MIN(s->file_size / 8, (direct ? 8ULL : 64ULL) << 20), 1ULL << 20);
+    bool zeros = direct && !bulk;
+    uint64_t step = QK_MAX(QK_MIN(s->file_size / 8, (zeros ? 8ULL : 64ULL) << 20), 1ULL << 20);
     /* The new end on a 64 KiB (or cluster) boundary: an unaligned zero
      * write would go through a bounce buffer and a read-modify-write under
      * O_DIRECT, and leave the next growth unaligned too. */
     uint64_t target = qk_align_up(end + step, QK_MAX(s->cluster_size, 65536u));
-    int r;
-    if (direct) {
-        r = grow_written(s, target);
+    int r = 0;
+    if (zeros) {
+        /* Sparse space below used was taken by bulk allocations, whose
+         * data covers it; only never-allocated space is zeroed. */
+        uint64_t from = QK_MAX(s->written_end, qk_align_up(used, s->cluster_size));
+        if (end <= from) {
+            target = from;
+        } else {
+            r = write_zeros(s, from, target);
+        }
+        if (r == 0) {
+            s->written_end = target;
+        }
     } else {
         QkError err = {0};
         r = qk_co_truncate(s->bs->file, target, QK_PREALLOC_OFF, &err);
     }
-    if (r == 0) {
+    if (r == 0 && target > s->file_size) {
         s->file_size = target;
         s->file_grown = true;
     }
     qk_co_mutex_unlock(&s->grow_lock);
     return r;
+}
+
+static int coroutine_fn ensure_size(Qcow2State *s, uint64_t end, bool bulk)
+{
+    uint64_t used = s->host_end;
+    if (end > s->host_end) {
+        s->host_end = end;
+    }
+    return grow_file(s, end, used, bulk);
+}
+
+int coroutine_fn qcow2_ensure_file_size(Qcow2State *s, uint64_t end)
+{
+    return ensure_size(s, end, false);
 }
 
 static int coroutine_fn grow_table(Qcow2State *s, uint64_t need_ti);
@@ -420,7 +454,7 @@ int coroutine_fn qcow2_update_refcount(Qcow2State *s, uint64_t off, uint64_t len
     return r;
 }
 
-int64_t coroutine_fn qcow2_alloc_clusters(Qcow2State *s, uint64_t n)
+static int64_t coroutine_fn alloc_clusters(Qcow2State *s, uint64_t n, bool bulk)
 {
     for (;;) {
         uint64_t start;
@@ -456,12 +490,22 @@ int64_t coroutine_fn qcow2_alloc_clusters(Qcow2State *s, uint64_t n)
         if (hint == start) {
             s->free_hint = start + n;
         }
-        r = qcow2_ensure_file_size(s, (start + n) << s->cluster_bits);
+        r = ensure_size(s, (start + n) << s->cluster_bits, bulk);
         if (r < 0) {
             return r;
         }
         return (int64_t)(start << s->cluster_bits);
     }
+}
+
+int64_t coroutine_fn qcow2_alloc_clusters(Qcow2State *s, uint64_t n)
+{
+    return alloc_clusters(s, n, false);
+}
+
+int64_t coroutine_fn qcow2_alloc_clusters_bulk(Qcow2State *s, uint64_t n)
+{
+    return alloc_clusters(s, n, true);
 }
 
 int coroutine_fn qcow2_free_clusters(Qcow2State *s, uint64_t off, uint64_t len)

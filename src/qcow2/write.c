@@ -323,7 +323,9 @@ static int coroutine_fn alloc_write(Qcow2State *s, uint64_t off, uint64_t bytes,
     }
     if (r == 0 && p.fresh) {
         uint64_t before = qk_align_up(s->host_end, cs);
-        int64_t h = qcow2_alloc_clusters(s, p.n);
+        /* A long write fills its new clusters itself (see qcow2_alloc_clusters_bulk). */
+        bool bulk = p.wend - off >= QCOW2_BULK_WRITE;
+        int64_t h = bulk ? qcow2_alloc_clusters_bulk(s, p.n) : qcow2_alloc_clusters(s, p.n);
         r = h < 0 ? (int)h : 0;
         if (r == 0) {
             p.host = (uint64_t)h;
