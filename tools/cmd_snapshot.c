@@ -7,8 +7,8 @@
  */
 #include "cmd.h"
 #include "aio/loop.h"
+#include "block/snapshot.h"
 #include "block/vmstate.h"
-#include "qcow2/qcow2.h"
 #include "util/size.h"
 
 #include <errno.h>
@@ -232,7 +232,7 @@ static int coroutine_fn do_create(SnapRun *m)
     if (m->vm_in) {
         /* A state left over from an applied snapshot or a failed save must
          * not end up in this one. */
-        r = qk_qcow2_co_vmstate_discard(m->bs, &err);
+        r = qk_co_vmstate_discard(m->bs, &err);
         if (r == 0) {
             r = save_state(m, &info.vm_state_size);
             if (r < 0) {
@@ -241,11 +241,11 @@ static int coroutine_fn do_create(SnapRun *m)
         }
     }
     if (r == 0) {
-        r = qk_qcow2_co_snapshot_create(m->bs, &info, &err);
+        r = qk_co_snapshot_create(m->bs, &info, &err);
     }
     if (m->vm_in) {
         QkError e2 = {0};
-        int dr = qk_qcow2_co_vmstate_discard(m->bs, &e2);
+        int dr = qk_co_vmstate_discard(m->bs, &e2);
         if (r == 0 && dr < 0) {
             r = dr;
             err = e2;
@@ -257,26 +257,10 @@ static int coroutine_fn do_create(SnapRun *m)
     return r;
 }
 
-static int coroutine_fn load_state(SnapRun *m)
+/* Writes the applied snapshot's VM state (size bytes) to --vmstate-out. */
+static int coroutine_fn load_state(SnapRun *m, uint64_t size)
 {
-    QkSnapshotInfo *l;
-    int n;
-    QkError err = {0};
-    int r = qk_qcow2_co_snapshot_list(m->bs, &l, &n, &err);
-    if (r < 0) {
-        qk_tool_error("Could not read the snapshot table: %s", err.msg);
-        return r;
-    }
-    uint64_t size = 0;
-    for (int i = 0; i < n; i++) {
-        if (strcmp(l[i].id, m->name) == 0 || strcmp(l[i].name, m->name) == 0) {
-            size = l[i].vm_state_size;
-            if (strcmp(l[i].id, m->name) == 0) {
-                break;
-            }
-        }
-    }
-    qk_snapshot_list_free(l, n);
+    int r;
     bool pollable;
     int fd = open_stream(m->vm_out, true, &pollable);
     if (fd < 0) {
@@ -315,7 +299,11 @@ static void coroutine_fn snap_entry(void *opaque)
     case 'l': {
         QkSnapshotInfo *l;
         int n;
-        r = qk_qcow2_co_snapshot_list(m->bs, &l, &n, &err);
+        r = qk_co_snapshot_list(m->bs, &l, &n, &err);
+        if (r == -ENOTSUP) {
+            r = 0; /* like qemu-img: a format without snapshots lists none */
+            break;
+        }
         if (r < 0) {
             qk_tool_error("Could not read the snapshot table: %s", err.msg);
             break;
@@ -331,26 +319,28 @@ static void coroutine_fn snap_entry(void *opaque)
     case 'c':
         r = do_create(m);
         break;
-    case 'a':
-        r = qk_qcow2_co_snapshot_goto(m->bs, m->name, &err);
+    case 'a': {
+        uint64_t vm_size;
+        r = qk_co_snapshot_goto(m->bs, m->name, &vm_size, &err);
         if (r < 0) {
             qk_tool_error("Could not apply snapshot '%s': %s", m->name, err.msg);
             break;
         }
         if (m->vm_out) {
-            r = load_state(m);
+            r = load_state(m, vm_size);
         }
         /* The applied state was read (or not wanted): the active disk need
          * not keep a hidden copy; the snapshot still has it. */
         if (r == 0) {
-            r = qk_qcow2_co_vmstate_discard(m->bs, &err);
+            r = qk_co_vmstate_discard(m->bs, &err);
             if (r < 0) {
                 qk_tool_error("Could not apply snapshot '%s': %s", m->name, err.msg);
             }
         }
         break;
+    }
     case 'd':
-        r = qk_qcow2_co_snapshot_delete(m->bs, NULL, m->name, &err);
+        r = qk_co_snapshot_delete(m->bs, NULL, m->name, &err);
         if (r < 0) {
             qk_tool_error("Could not delete snapshot '%s': %s", m->name, err.msg);
         }
@@ -452,13 +442,6 @@ static int run(int argc, char **argv)
     m.bs = qk_tool_open(file, fmt, flags, &err);
     if (!m.bs) {
         qk_tool_error("Could not open '%s': %s", file, err.msg);
-        return 1;
-    }
-    if (!qk_block_is_qcow2(m.bs)) {
-        qk_tool_error("Could not %s snapshot%s%s%s: Operation not supported",
-                      m.op == 'l' ? "list" : m.op == 'c' ? "create" : m.op == 'a' ? "apply" : "delete",
-                      m.op == 'l' ? "s" : " '", m.op == 'l' ? "" : m.name, m.op == 'l' ? "" : "'");
-        qk_block_close(m.bs);
         return 1;
     }
     QkImageInfo info = {0};

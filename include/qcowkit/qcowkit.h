@@ -59,7 +59,8 @@ int qk_image_flush(QkImage *img);
  * (loadvm). Pieces are gathered into aligned buffers written in parallel,
  * so small unaligned pieces cost no read-modify-write even with
  * QK_IMAGE_NOCACHE. Memory stays at (workers + 1) buffers.
- * qcow2 images only (-ENOTSUP otherwise). */
+ * Images whose format keeps internal snapshots (qcow2) only: the open
+ * calls fail with a message otherwise. */
 typedef struct QkVmStateStream QkVmStateStream;
 
 typedef struct QkVmStateParams {

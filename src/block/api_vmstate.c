@@ -1,13 +1,13 @@
 /*
  * The public VM-state API (include/qcowkit/qcowkit.h): a hypervisor's
  * savevm/loadvm on top of the block layer's buffered writer and reader and
- * the qcow2 driver's snapshot calls. Each call runs one coroutine on this
- * thread's loop; buffer writes stay in flight between calls.
+ * its snapshot calls. Each call runs one coroutine on this thread's loop;
+ * buffer writes stay in flight between calls.
  */
 #include "block/api_int.h"
 #include "aio/loop.h"
+#include "block/snapshot.h"
 #include "block/vmstate.h"
-#include "qcow2/qcow2.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,15 +55,15 @@ static void fill_opts(QkBlock *bs, const QkVmStateParams *p, QkVmStateOptions *o
 static void coroutine_fn discard_entry(void *opaque)
 {
     Call *c = opaque;
-    c->ret = qk_qcow2_co_vmstate_discard(c->s->bs, &c->err);
+    c->ret = qk_co_vmstate_discard(c->s->bs, &c->err);
 }
 
-/* A stream on a qcow2 image, or NULL with a message. */
+/* A stream on an image whose format keeps snapshots, or NULL with a message. */
 static QkVmStateStream *stream_new(QkImage *img, char *errbuf, size_t errlen)
 {
     QkBlock *bs = qk_image_node(img);
-    if (!qk_block_is_qcow2(bs)) {
-        set_err(errbuf, errlen, "VM state needs a qcow2 image");
+    if (!qk_block_has_snapshots(bs)) {
+        set_err(errbuf, errlen, "VM state needs an image format with internal snapshots, such as qcow2");
         return NULL;
     }
     QkVmStateStream *s = calloc(1, sizeof(*s));
@@ -127,10 +127,10 @@ static void coroutine_fn close_entry(void *opaque)
         qk_error_set_errno(&c->err, r, "Could not save the VM state");
     } else if (c->name) {
         QkSnapshotInfo info = {.name = (char *)c->name, .vm_state_size = s->pos, .icount = -1};
-        r = qk_qcow2_co_snapshot_create(s->bs, &info, &c->err);
+        r = qk_co_snapshot_create(s->bs, &info, &c->err);
     }
     QkError e2 = {0};
-    int dr = qk_qcow2_co_vmstate_discard(s->bs, &e2);
+    int dr = qk_co_vmstate_discard(s->bs, &e2);
     if (r == 0 && dr < 0) {
         r = dr;
         c->err = e2;
@@ -158,23 +158,7 @@ uint64_t qk_image_vmstate_peak_memory(const QkVmStateStream *s)
 static void coroutine_fn goto_entry(void *opaque)
 {
     Call *c = opaque;
-    QkSnapshotInfo *l;
-    int n;
-    c->ret = qk_qcow2_co_snapshot_list(c->s->bs, &l, &n, &c->err);
-    if (c->ret < 0) {
-        return;
-    }
-    /* Same lookup as apply: the id first, then the name. */
-    int hit = -1;
-    for (int i = 0; i < n && hit < 0; i++) {
-        hit = strcmp(l[i].id, c->name) == 0 ? i : -1;
-    }
-    for (int i = 0; i < n && hit < 0; i++) {
-        hit = strcmp(l[i].name, c->name) == 0 ? i : -1;
-    }
-    c->s->size = hit >= 0 ? l[hit].vm_state_size : 0;
-    qk_snapshot_list_free(l, n);
-    c->ret = qk_qcow2_co_snapshot_goto(c->s->bs, c->name, &c->err);
+    c->ret = qk_co_snapshot_goto(c->s->bs, c->name, &c->s->size, &c->err);
 }
 
 QkVmStateStream *qk_image_vmstate_reader_open(QkImage *img, const char *snapshot,
@@ -220,7 +204,7 @@ static void coroutine_fn reader_close_entry(void *opaque)
 {
     Call *c = opaque;
     qk_vmstate_reader_close(c->s->r);
-    c->ret = qk_qcow2_co_vmstate_discard(c->s->bs, &c->err);
+    c->ret = qk_co_vmstate_discard(c->s->bs, &c->err);
 }
 
 void qk_image_vmstate_reader_close(QkVmStateStream *r)

@@ -21,6 +21,7 @@
 
 typedef struct QkBlock QkBlock;
 typedef struct QkBlockDriver QkBlockDriver;
+typedef struct QkSnapshotInfo QkSnapshotInfo; /* block/snapshot.h */
 
 /* Open flags. */
 enum {
@@ -138,6 +139,14 @@ struct QkBlockDriver {
      * (see block/vmstate.h for the buffered writer and reader). */
     int coroutine_fn (*co_save_vmstate)(QkBlock *bs, QkIov *qiov, uint64_t pos);
     int coroutine_fn (*co_load_vmstate)(QkBlock *bs, QkIov *qiov, uint64_t pos);
+    /* Internal snapshots, all or none (NULL: the format has none); called
+     * through block/snapshot.h, which documents each. */
+    int coroutine_fn (*co_snapshot_list)(QkBlock *bs, QkSnapshotInfo **list, int *n, QkError *err);
+    int coroutine_fn (*co_snapshot_create)(QkBlock *bs, const QkSnapshotInfo *info, QkError *err);
+    int coroutine_fn (*co_snapshot_goto)(QkBlock *bs, const char *id_or_name, uint64_t *vm_state_size,
+                                         QkError *err);
+    int coroutine_fn (*co_snapshot_delete)(QkBlock *bs, const char *id, const char *name, QkError *err);
+    int coroutine_fn (*co_vmstate_discard)(QkBlock *bs, QkError *err);
 };
 
 struct QkBlock {

@@ -366,4 +366,9 @@ const QkBlockDriver qk_drv_qcow2 = {
     .get_info = qcow2_get_info,
     .co_save_vmstate = qcow2_co_save_vmstate,
     .co_load_vmstate = qcow2_co_load_vmstate,
+    .co_snapshot_list = qcow2_co_snapshot_list,
+    .co_snapshot_create = qcow2_co_snapshot_create,
+    .co_snapshot_goto = qcow2_co_snapshot_goto,
+    .co_snapshot_delete = qcow2_co_snapshot_delete,
+    .co_vmstate_discard = qcow2_co_vmstate_discard,
 };

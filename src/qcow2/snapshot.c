@@ -304,15 +304,12 @@ out:
     return r;
 }
 
-int coroutine_fn qk_qcow2_co_snapshot_create(QkBlock *bs, const QkSnapshotInfo *info, QkError *err)
+int coroutine_fn qcow2_co_snapshot_create(QkBlock *bs, const QkSnapshotInfo *info, QkError *err)
 {
     Qcow2State *s = qcow2_state(bs);
     int r = check_writable(s, err);
     if (r < 0) {
         return r;
-    }
-    if (!info->name) {
-        return qk_error_set(err, -EINVAL, "a snapshot needs a name");
     }
     begin(s);
     r = qcow2_flush_caches(s);
@@ -411,7 +408,8 @@ static int coroutine_fn flush_and_read_table(Qcow2State *s, Qcow2Snapshot **tab,
     return qcow2_snapshots_read(s, tab, n, NULL, err);
 }
 
-int coroutine_fn qk_qcow2_co_snapshot_goto(QkBlock *bs, const char *id_or_name, QkError *err)
+int coroutine_fn qcow2_co_snapshot_goto(QkBlock *bs, const char *id_or_name, uint64_t *vm_state_size,
+                                        QkError *err)
 {
     Qcow2State *s = qcow2_state(bs);
     int r = check_writable(s, err);
@@ -426,13 +424,14 @@ int coroutine_fn qk_qcow2_co_snapshot_goto(QkBlock *bs, const char *id_or_name, 
         int i = qcow2_snapshot_find_id_or_name(tab, n, id_or_name);
         r = i < 0 ? qk_error_set(err, -ENOENT, "Failed to load snapshot: No such file or directory")
                   : goto_locked(s, &tab[i], err);
+        *vm_state_size = r == 0 ? tab[i].vm_state_size : 0;
     }
     qcow2_snapshots_free(tab, n);
     end(s);
     return r;
 }
 
-int coroutine_fn qk_qcow2_co_snapshot_delete(QkBlock *bs, const char *id, const char *name, QkError *err)
+int coroutine_fn qcow2_co_snapshot_delete(QkBlock *bs, const char *id, const char *name, QkError *err)
 {
     Qcow2State *s = qcow2_state(bs);
     int r = check_writable(s, err);
@@ -522,7 +521,7 @@ int coroutine_fn qcow2_drop_l1_tail(Qcow2State *s, uint64_t from)
     return r;
 }
 
-int coroutine_fn qk_qcow2_co_vmstate_discard(QkBlock *bs, QkError *err)
+int coroutine_fn qcow2_co_vmstate_discard(QkBlock *bs, QkError *err)
 {
     Qcow2State *s = qcow2_state(bs);
     if (s->read_only) {
@@ -540,7 +539,7 @@ int coroutine_fn qk_qcow2_co_vmstate_discard(QkBlock *bs, QkError *err)
     return r < 0 ? qk_error_set_errno(err, r, "Could not discard the VM state") : 0;
 }
 
-int coroutine_fn qk_qcow2_co_snapshot_list(QkBlock *bs, QkSnapshotInfo **list, int *count, QkError *err)
+int coroutine_fn qcow2_co_snapshot_list(QkBlock *bs, QkSnapshotInfo **list, int *count, QkError *err)
 {
     Qcow2State *s = qcow2_state(bs);
     Qcow2Snapshot *tab;
@@ -570,13 +569,4 @@ int coroutine_fn qk_qcow2_co_snapshot_list(QkBlock *bs, QkSnapshotInfo **list, i
     *list = l;
     *count = (int)n;
     return 0;
-}
-
-void qk_snapshot_list_free(QkSnapshotInfo *list, int n)
-{
-    for (int i = 0; list && i < n; i++) {
-        free(list[i].id);
-        free(list[i].name);
-    }
-    free(list);
 }

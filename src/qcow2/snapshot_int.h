@@ -2,11 +2,12 @@
  * Internal snapshots of the qcow2 driver, shared between snapshot_table.c
  * (the on-disk snapshot table), snapshot.c (create, apply, delete) and
  * vmstate.c (VM state beyond the virtual disk). Nothing outside src/qcow2
- * includes this; tools use the QkSnapshotInfo calls in qcow2.h.
+ * includes this; others reach snapshots through block/snapshot.h.
  */
 #ifndef QK_QCOW2_SNAPSHOT_INT_H
 #define QK_QCOW2_SNAPSHOT_INT_H
 
+#include "block/snapshot.h"
 #include "qcow2/qcow2_int.h"
 
 /* nb_snapshots (u32 at 60) and snapshots_offset (u64 at 64) are adjacent,
@@ -57,7 +58,13 @@ int qcow2_snapshot_find_id_or_name(const Qcow2Snapshot *sn, uint32_t n, const ch
 /* The next free numeric id: one more than the largest numeric id. */
 uint64_t qcow2_snapshot_next_id(const Qcow2Snapshot *sn, uint32_t n);
 
-/* snapshot.c */
+/* snapshot.c: the driver's snapshot calls (contracts in block/snapshot.h) */
+int coroutine_fn qcow2_co_snapshot_list(QkBlock *bs, QkSnapshotInfo **list, int *n, QkError *err);
+int coroutine_fn qcow2_co_snapshot_create(QkBlock *bs, const QkSnapshotInfo *info, QkError *err);
+int coroutine_fn qcow2_co_snapshot_goto(QkBlock *bs, const char *id_or_name, uint64_t *vm_state_size,
+                                        QkError *err);
+int coroutine_fn qcow2_co_snapshot_delete(QkBlock *bs, const char *id, const char *name, QkError *err);
+int coroutine_fn qcow2_co_vmstate_discard(QkBlock *bs, QkError *err);
 /* Adds addend (+1, -1 or 0) to the refcount of every L2 table and data
  * cluster reachable from l1[0..n). With fix_copied, sets COPIED in l1 and
  * in the L2 entries exactly where the refcount is 1 (*l1_changed says

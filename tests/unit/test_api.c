@@ -1,4 +1,4 @@
-/* The public synchronous API on a raw image. */
+/* The public synchronous API on a raw image (VM state: refused, no snapshots). */
 #include "qktest.h"
 #include "qcowkit/qcowkit.h"
 
@@ -40,6 +40,18 @@ int main(void)
     img = qk_image_open(path, "raw", 0, msg, sizeof(msg));
     QK_CHECK(img != NULL);
     QK_CHECK_EQ(qk_image_pwrite(img, 0, buf, 10), -EACCES);
+    qk_image_close(img);
+
+    /* VM state needs a format with internal snapshots. */
+    img = qk_image_open(path, "raw", QK_IMAGE_RDWR, msg, sizeof(msg));
+    QK_CHECK(img != NULL);
+    msg[0] = 0;
+    QK_CHECK(qk_image_vmstate_writer_open(img, NULL, msg, sizeof(msg)) == NULL);
+    QK_CHECK(strstr(msg, "internal snapshots") != NULL);
+    uint64_t vsize;
+    msg[0] = 0;
+    QK_CHECK(qk_image_vmstate_reader_open(img, "s", NULL, &vsize, msg, sizeof(msg)) == NULL);
+    QK_CHECK(strstr(msg, "internal snapshots") != NULL);
     qk_image_close(img);
     QK_TEST_DONE();
 }

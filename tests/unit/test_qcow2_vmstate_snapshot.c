@@ -8,6 +8,7 @@
  * and close wait for state writes in flight. qemu-img check judges.
  */
 #include "qcow2_test_util.h"
+#include "block/snapshot.h"
 #include "block/vmstate.h"
 
 static uint64_t rng = 88172645463325252ULL;
@@ -27,6 +28,7 @@ typedef struct Op {
     QkSnapshotInfo *list;
     int n;
     int ret;
+    QkError err;
 } Op;
 
 static void coroutine_fn op_co(void *opaque)
@@ -35,14 +37,15 @@ static void coroutine_fn op_co(void *opaque)
     QkError err = {0};
     QkSnapshotInfo info = {.name = (char *)o->name, .vm_state_size = o->vm_size, .icount = -1};
     switch (o->kind) {
-    case 0: o->ret = qk_qcow2_co_snapshot_create(o->bs, &info, &err); break;
-    case 1: o->ret = qk_qcow2_co_snapshot_goto(o->bs, o->name, &err); break;
-    case 2: o->ret = qk_qcow2_co_snapshot_delete(o->bs, NULL, o->name, &err); break;
-    case 3: o->ret = qk_qcow2_co_snapshot_list(o->bs, &o->list, &o->n, &err); break;
-    default: o->ret = qk_qcow2_co_vmstate_discard(o->bs, &err); break;
+    case 0: o->ret = qk_co_snapshot_create(o->bs, &info, &err); break;
+    case 1: o->ret = qk_co_snapshot_goto(o->bs, o->name, NULL, &err); break;
+    case 2: o->ret = qk_co_snapshot_delete(o->bs, NULL, o->name, &err); break;
+    case 3: o->ret = qk_co_snapshot_list(o->bs, &o->list, &o->n, &err); break;
+    default: o->ret = qk_co_vmstate_discard(o->bs, &err); break;
     }
     if (o->ret < 0) {
         fprintf(stderr, "snapshot op %d '%s': %s\n", o->kind, o->name ? o->name : "", err.msg);
+        o->err = err;
     }
 }
 
@@ -329,6 +332,33 @@ static void test_drain(int close)
     free(data);
 }
 
+/* A format without internal snapshots: every call fails with -ENOTSUP
+ * and a message naming the format, through the same driver-table path. */
+static void test_unsupported(void)
+{
+    const char *path = "plain.raw";
+    FILE *f = fopen(path, "w");
+    QK_CHECK(f && ftruncate(fileno(f), 1 << 20) == 0);
+    fclose(f);
+    QkError err = {0};
+    QkOpenOptions oo = {.flags = QK_OPEN_RDWR, .format = "raw"};
+    QkBlock *bs = qk_block_open(path, &oo, &err);
+    QK_CHECK(bs != NULL);
+    if (!bs) {
+        return;
+    }
+    QK_CHECK(!qk_block_has_snapshots(bs));
+    for (int kind = 0; kind <= 4; kind++) {
+        Op o = {.bs = bs, .kind = kind, .name = "s"};
+        qk_co_run(op_co, &o);
+        QK_CHECK_EQ(o.ret, -ENOTSUP);
+        QK_CHECK(strstr(o.err.msg, "'raw' format does not support internal snapshots") != NULL);
+        QK_CHECK(o.list == NULL && o.n == 0);
+    }
+    qk_block_close(bs);
+    unlink(path);
+}
+
 int main(void)
 {
     if (!t_have_qemu()) {
@@ -349,5 +379,6 @@ int main(void)
     test_write_error();
     test_drain(0);
     test_drain(1);
+    test_unsupported();
     QK_TEST_DONE();
 }
