@@ -103,7 +103,9 @@ int coroutine_fn qcow2_snapshots_read(Qcow2State *s, Qcow2Snapshot **out, uint32
         }
         uint64_t var_len = (uint64_t)extra + id_len + name_len;
         uint64_t ent_len = qk_align_up(QCOW2_SN_FIXED_LEN + var_len, 8);
-        if (!qk_range_within(pos, ent_len, (uint64_t)flen) ||
+        /* The last entry's padding need not be in the file: qemu-img ends
+         * a table at the end of the file right after the last name. */
+        if (!qk_range_within(pos, QCOW2_SN_FIXED_LEN + var_len, (uint64_t)flen) ||
             pos + ent_len - off > QCOW2_MAX_SNAPSHOT_TABLE_BYTES) {
             r = qk_error_corrupt(err, "snapshot table is truncated or too large");
             break;
