@@ -31,9 +31,9 @@ static const char *const usage_text =
     "       qcowkit snapshot -a SNAPSHOT --vmstate-out FILE|- [VM-STATE OPTIONS] IMAGE\n"
     "\n"
     "  -l                 list the snapshots (nothing when there are none)\n"
-    "  -c SNAPSHOT        create a snapshot named SNAPSHOT (ids are numbered)\n"
-    "  -a SNAPSHOT        apply (revert to) the snapshot with this id or name\n"
-    "  -d SNAPSHOT        delete the snapshot named SNAPSHOT\n"
+    "  -c SNAPSHOT        create a snapshot named SNAPSHOT (ids are numbered; a name may repeat)\n"
+    "  -a SNAPSHOT        apply (revert to) the snapshot with this id, else the first so named\n"
+    "  -d SNAPSHOT        delete the first snapshot named SNAPSHOT (by name only, as qemu-img)\n"
     "  -t CACHE           none, writeback (default), writethrough, directsync, unsafe\n"
     "  --vmstate F        with -c: save the VM state read from F (- is stdin)\n"
     "  --vmstate-out F    with -a: write the snapshot's VM state to F (- is stdout)\n"
@@ -223,7 +223,10 @@ static int coroutine_fn save_state(SnapRun *m, uint64_t *size)
 static int coroutine_fn do_create(SnapRun *m)
 {
     QkError err = {0};
-    QkSnapshotInfo info = {.name = (char *)m->name, .icount = -1};
+    /* qemu-img records an icount of 0 for the snapshots it takes; QEMU's
+     * savevm, which a snapshot with VM state stands for, records none
+     * (-1) unless it runs record/replay. */
+    QkSnapshotInfo info = {.name = (char *)m->name, .icount = m->vm_in ? -1 : 0};
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     info.date_sec = (uint32_t)ts.tv_sec;

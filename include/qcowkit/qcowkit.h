@@ -80,8 +80,8 @@ QkVmStateStream *qk_image_vmstate_writer_open(QkImage *img, const QkVmStateParam
 int qk_image_vmstate_write(QkVmStateStream *w, const void *buf, size_t len);
 
 /* qk_image_vmstate_writer_close - finishes the save. With NAME, waits for
- * every write, then takes snapshot NAME recording the state (names must be
- * unique; the id is the next free number) and drops the state from the
+ * every write, then takes snapshot NAME recording the state (the id is
+ * the next free number; a name may repeat, as in qemu-img) and drops the state from the
  * active disk. With NAME NULL, or when any write failed, no snapshot is
  * taken and the written state is dropped. Always frees W. Returns 0 or
  * -errno (message in errbuf). */

@@ -29,8 +29,8 @@ bool qk_block_has_snapshots(const QkBlock *bs);
 int coroutine_fn qk_co_snapshot_list(QkBlock *bs, QkSnapshotInfo **list, int *n, QkError *err);
 void qk_snapshot_list_free(QkSnapshotInfo *list, int n);
 /* Snapshots the active disk and the VM state written to the node
- * (info->vm_state_size bytes of it). Ids and names must be unique:
- * -EEXIST otherwise. */
+ * (info->vm_state_size bytes of it). Ids must be unique (-EEXIST); names
+ * may repeat, as in qemu-img. */
 int coroutine_fn qk_co_snapshot_create(QkBlock *bs, const QkSnapshotInfo *info, QkError *err);
 /* Makes the snapshot whose id is id_or_name, else the first one so named,
  * the active disk with its virtual size and VM state; *vm_state_size (when
@@ -38,7 +38,8 @@ int coroutine_fn qk_co_snapshot_create(QkBlock *bs, const QkSnapshotInfo *info, 
 int coroutine_fn qk_co_snapshot_goto(QkBlock *bs, const char *id_or_name, uint64_t *vm_state_size,
                                      QkError *err);
 /* Deletes the first snapshot matching id (when not NULL) and name (when
- * not NULL). -ENOENT when none. */
+ * not NULL). -ENOENT when none. (qemu-img snapshot -d passes the name
+ * only: it never deletes by id.) */
 int coroutine_fn qk_co_snapshot_delete(QkBlock *bs, const char *id, const char *name, QkError *err);
 /* Drops the VM state held by the active disk (left by a snapshot that
  * took it, an applied snapshot, or a failed save). */

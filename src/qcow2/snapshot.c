@@ -235,10 +235,10 @@ static int coroutine_fn create_locked(Qcow2State *s, const QkSnapshotInfo *info,
         snprintf(idbuf, sizeof(idbuf), "%llu", (unsigned long long)qcow2_snapshot_next_id(tab, n));
         id = idbuf;
     }
+    /* Only ids are unique: like qemu-img, a name may be used again (apply
+     * and delete then take the first snapshot of that name). */
     if (qcow2_snapshot_find(tab, n, id, NULL) >= 0) {
         r = qk_error_set(err, -EEXIST, "Snapshot ID '%s' already exists", id);
-    } else if (qcow2_snapshot_find(tab, n, NULL, info->name) >= 0) {
-        r = qk_error_set(err, -EEXIST, "A snapshot named '%s' already exists", info->name);
     } else if (n >= QCOW2_MAX_SNAPSHOTS) {
         r = qk_error_set(err, -EFBIG, "Too many snapshots");
     }

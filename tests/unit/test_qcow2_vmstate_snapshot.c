@@ -24,6 +24,7 @@ typedef struct Op {
     QkBlock *bs;
     int kind;
     const char *name;
+    const char *id;            /* create: NULL picks the next number */
     uint64_t vm_size;
     QkSnapshotInfo *list;
     int n;
@@ -35,7 +36,8 @@ static void coroutine_fn op_co(void *opaque)
 {
     Op *o = opaque;
     QkError err = {0};
-    QkSnapshotInfo info = {.name = (char *)o->name, .vm_state_size = o->vm_size, .icount = -1};
+    QkSnapshotInfo info = {.id = (char *)o->id, .name = (char *)o->name, .vm_state_size = o->vm_size,
+                           .icount = -1};
     switch (o->kind) {
     case 0: o->ret = qk_co_snapshot_create(o->bs, &info, &err); break;
     case 1: o->ret = qk_co_snapshot_goto(o->bs, o->name, NULL, &err); break;
@@ -90,7 +92,6 @@ static void test_disk(uint32_t cs, bool ext)
     random_writes(bs, m2, size, 40, cs);
     QK_CHECK_EQ(t_verify(bs, m2, size), 0);
     QK_CHECK_EQ(snap(bs, 0, "two", 0), 0);
-    QK_CHECK(snap(bs, 0, "two", 0) == -EEXIST);
     memcpy(m3, m2, size);
     random_writes(bs, m3, size, 20, cs);
     QK_CHECK_EQ(snap(bs, 3, NULL, 0), 2);
@@ -332,6 +333,53 @@ static void test_drain(int close)
     free(data);
 }
 
+/* Names may repeat, ids may not (as in qemu-img): apply takes the id
+ * first, then the first snapshot of that name; delete goes by name. */
+static void test_same_name(void)
+{
+    const char *path = "same.qcow2";
+    const uint64_t size = 8 << 20, len = 1 << 20;
+    QkCreateOptions co = {.size = size, .size_set = true};
+    QK_CHECK_EQ(t_create(path, &co), 0);
+    QkBlock *bs = t_open(path, QK_OPEN_RDWR);
+    uint8_t *model[4], *buf = malloc(len);
+    /* model[k]: the disk after writing pattern k+1 at 0 (taken as ids 1..3). */
+    for (int k = 0; k < 4; k++) {
+        model[k] = calloc(1, size);
+        memset(model[k], k + 1, len);
+        memset(buf, k + 1, len);
+        QK_CHECK_EQ(t_write(bs, 0, len, buf), 0);
+        if (k < 3) {
+            QK_CHECK_EQ(snap(bs, 0, k < 2 ? "a" : "1", 0), 0); /* ids 1 "a", 2 "a", 3 "1" */
+        }
+    }
+    QK_CHECK_EQ(snap(bs, 3, NULL, 0), 3);
+    Op dup = {.bs = bs, .kind = 0, .name = "b", .id = "2"};
+    qk_co_run(op_co, &dup);
+    QK_CHECK_EQ(dup.ret, -EEXIST);
+    QK_CHECK_EQ(snap(bs, 1, "a", 0), 0);
+    QK_CHECK_EQ(t_verify(bs, model[0], size), 0);
+    QK_CHECK_EQ(snap(bs, 1, "3", 0), 0);
+    QK_CHECK_EQ(t_verify(bs, model[2], size), 0);
+    QK_CHECK_EQ(snap(bs, 1, "1", 0), 0); /* id 1, not the snapshot named "1" */
+    QK_CHECK_EQ(t_verify(bs, model[0], size), 0);
+    QK_CHECK_EQ(snap(bs, 2, "a", 0), 0); /* the first "a": id 1 */
+    QK_CHECK_EQ(snap(bs, 1, "a", 0), 0);
+    QK_CHECK_EQ(t_verify(bs, model[1], size), 0);
+    QK_CHECK_EQ(snap(bs, 2, "1", 0), 0); /* by name: id 3 */
+    Op l = {.bs = bs, .kind = 3};
+    qk_co_run(op_co, &l);
+    QK_CHECK(l.ret == 0 && l.n == 1 && strcmp(l.list[0].id, "2") == 0);
+    qk_snapshot_list_free(l.list, l.n);
+    qk_block_close(bs);
+    QK_CHECK_EQ(t_qemu_check(path), 0);
+    for (int k = 0; k < 4; k++) {
+        free(model[k]);
+    }
+    free(buf);
+    unlink(path);
+}
+
 /* A format without internal snapshots: every call fails with -ENOTSUP
  * and a message naming the format, through the same driver-table path. */
 static void test_unsupported(void)
@@ -379,6 +427,7 @@ int main(void)
     test_write_error();
     test_drain(0);
     test_drain(1);
+    test_same_name();
     test_unsupported();
     QK_TEST_DONE();
 }
