@@ -260,6 +260,12 @@ static int coroutine_fn alloc_block(Qcow2State *s, uint64_t ti)
             }
             continue;
         }
+        /* The file reaches b before the block is written: growing it may
+         * write zeros over new space, which must not land on the block. */
+        r = qcow2_ensure_file_size(s, (b + 1) << s->cluster_bits);
+        if (r < 0) {
+            return r;
+        }
         bool self = tb == ti || !(s->rt[tb] & QCOW2_REFT_OFFSET_MASK);
         if (!self) {
             /* b is counted by an existing block. */
@@ -290,10 +296,6 @@ static int coroutine_fn alloc_block(Qcow2State *s, uint64_t ti)
         uint64_t t = self ? tb : ti;
         s->rt[t] = b << s->cluster_bits;
         r = qcow2_write_rt_entry(s, t);
-        if (r < 0) {
-            return r;
-        }
-        r = qcow2_ensure_file_size(s, (b + 1) << s->cluster_bits);
         if (r < 0) {
             return r;
         }
