@@ -20,7 +20,7 @@ typedef enum QkDebugEvent {
     QK_DBG_COW_WRITE,       /* copy-on-write: writing the edges */
     QK_DBG_CLUSTER_ALLOC,   /* a new host cluster was allocated */
     QK_DBG_L2_UPDATE,       /* L2 entries are about to be updated */
-    QK_DBG_REFBLOCK_UPDATE, /* a refcount block is about to be written */
+    QK_DBG_REFBLOCK_UPDATE, /* a refcount block was just written, nothing after it yet */
     QK_DBG_READ_AIO,        /* a data read from the host is about to be issued */
     QK_DBG_FLUSH,           /* a flush is about to reach the host */
     QK_DBG__COUNT,

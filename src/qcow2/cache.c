@@ -1,12 +1,20 @@
 /*
  * Metadata cache for cluster-sized tables (L2 tables, refcount blocks):
  * fixed number of entries, hash lookup by host offset, LRU eviction, dirty
- * tracking and writeback. A cache may depend on another: before any of its
- * tables is written, every dirty table of the dependency is written and the
- * file flushed (refcount blocks reach the disk before the L2 tables that
- * need them). Entries are pinned while a caller uses them; pinned or
- * loading entries are never evicted.
+ * tracking and writeback. Entries are pinned while a caller uses them;
+ * pinned or loading entries are never evicted.
+ *
+ * A cache may depend on another: before any of its tables is written,
+ * every dirty table of the dependency (and every write of one in flight)
+ * is written and the file flushed. A dependency with a barrier also flushes
+ * the file when the other cache is clean, so that writes the caller made
+ * to the file directly before arming it come first as well. Two caches
+ * never depend on each other: qcow2_cache_depend() reverses a dependency
+ * by writing out the cache that was waited for first. refcount.c uses
+ * this to order allocations (refcount blocks first) and frees (L2 tables
+ * first).
  */
+#include "block/debug.h"
 #include "qcow2/qcow2_int.h"
 
 #include <stdlib.h>
@@ -18,6 +26,7 @@ typedef struct Entry {
     int ref;
     bool dirty;
     bool busy;               /* being loaded or written back */
+    bool writing;            /* being written back */
     QkCoQueue waiters;
     int hnext;               /* hash chain, -1 ends */
 } Entry;
@@ -25,6 +34,8 @@ typedef struct Entry {
 struct Qcow2Cache {
     Qcow2State *s;
     Qcow2Cache *depends;
+    bool barrier;            /* flush the file before the next write even if depends is clean */
+    unsigned nwriting;       /* writes in flight */
     size_t table_size;
     unsigned n;
     Entry *e;
@@ -132,14 +143,59 @@ static int index_of(Qcow2Cache *c, const void *table)
     return (int)(((const uint8_t *)table - c->data) / c->table_size);
 }
 
+/* True when writing a table of c must first write out its dependency. */
+static bool dependency_pending(const Qcow2Cache *c)
+{
+    const Qcow2Cache *d = c->depends;
+    return d && (d->ndirty || d->nwriting || c->barrier);
+}
+
 static int coroutine_fn flush_dependency(Qcow2Cache *c)
 {
-    if (!c->depends || !c->depends->ndirty) {
+    if (!dependency_pending(c)) {
         return 0;
     }
+    /* Cleared first: a barrier armed while we yield needs a flush of its own. */
+    c->barrier = false;
     int r = qcow2_cache_flush(c->depends);
     if (r == 0) {
         r = qk_co_flush(c->s->bs->file);
+    }
+    if (r < 0) {
+        c->barrier = true;
+    }
+    return r;
+}
+
+int coroutine_fn qcow2_cache_depend(Qcow2Cache *c, Qcow2Cache *dep, bool barrier)
+{
+    if (dep->depends == c) {
+        /* dep waits for c: c's tables go out now, then dep is free. */
+        if (dependency_pending(dep)) {
+            dep->barrier = false;
+            int r = qcow2_cache_flush(c);
+            if (r == 0) {
+                r = qk_co_flush(c->s->bs->file);
+            }
+            if (r < 0) {
+                dep->barrier = true;
+                return r;
+            }
+        }
+        dep->depends = NULL;
+    }
+    c->depends = dep;
+    if (barrier) {
+        c->barrier = true;
+    }
+    return 0;
+}
+
+int coroutine_fn qcow2_cache_release(Qcow2Cache *c)
+{
+    int r = flush_dependency(c);
+    if (r == 0) {
+        c->depends = NULL;
     }
     return r;
 }
@@ -166,10 +222,17 @@ static int coroutine_fn write_entry(Qcow2Cache *c, int i)
     e->dirty = false;
     c->ndirty--;
     e->busy = true;
+    e->writing = true;
+    c->nwriting++;
     e->ref++;
     r = qk_co_pwrite(c->s->bs->file, e->offset, c->table_size, table_of(c, i), 0);
+    if (c == c->s->rb_cache) {
+        qk_block_debug_event(QK_DBG_REFBLOCK_UPDATE);
+    }
     e->ref--;
     e->busy = false;
+    e->writing = false;
+    c->nwriting--;
     if (r < 0 && !e->dirty) {
         e->dirty = true;
         c->ndirty++;
@@ -327,6 +390,13 @@ int coroutine_fn qcow2_cache_flush(Qcow2Cache *c)
             if (r < 0 && ret == 0) {
                 ret = r;
             }
+        }
+    }
+    /* Writes started before (an eviction, say) count as part of the flush:
+     * whoever orders other writes after it relies on them. */
+    for (unsigned i = 0; i < c->n && c->nwriting; i++) {
+        while (c->e[i].writing) {
+            qk_co_queue_wait(&c->e[i].waiters);
         }
     }
     return ret;

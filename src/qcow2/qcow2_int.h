@@ -225,6 +225,12 @@ void qcow2_header_to_be(const Qcow2Header *h, uint8_t *buf);
 Qcow2Cache *qcow2_cache_new(Qcow2State *s, unsigned entries);
 void qcow2_cache_free(Qcow2Cache *c);
 void qcow2_cache_set_dependency(Qcow2Cache *c, Qcow2Cache *dep);
+/* From now on c's tables are written only after dep's dirty tables (and,
+ * with barrier, after every write already made to the file). If dep
+ * depended on c, c's tables are written out first to end that. */
+int coroutine_fn qcow2_cache_depend(Qcow2Cache *c, Qcow2Cache *dep, bool barrier);
+/* Ends c's dependency, writing out what c was waiting for. */
+int coroutine_fn qcow2_cache_release(Qcow2Cache *c);
 int coroutine_fn qcow2_cache_get(Qcow2Cache *c, uint64_t offset, void **table);
 int coroutine_fn qcow2_cache_get_empty(Qcow2Cache *c, uint64_t offset, void **table);
 void qcow2_cache_put(Qcow2Cache *c, void **table);

@@ -387,6 +387,40 @@ static int coroutine_fn grow_table(Qcow2State *s, uint64_t need_ti)
     }
 }
 
+/*
+ * Crash safety orders refcount changes against the references to the
+ * clusters (L2 entries, and L1, snapshot and refcount tables and the
+ * header, which their callers write directly):
+ *  - an increase reaches the disk before a reference to the cluster: the
+ *    L2 cache depends on the refcount cache (callers that write a
+ *    reference directly flush the refcount cache first);
+ *  - a decrease reaches the disk after the reference was dropped: the
+ *    refcount cache depends on the L2 cache, with a barrier for the
+ *    references callers dropped by writing the file directly (they do so
+ *    before lowering the refcount). Otherwise a crash could leave a
+ *    reference to a cluster counted as free.
+ * The two directions alternate; switching writes out the cache that was
+ * waited for, so a block may hold both kinds of change without a cycle.
+ * Switching to the allocation direction also makes every dropped
+ * reference durable before the allocator can hand the freed cluster out
+ * again: new data written into it can never show through an old L2 entry
+ * after a crash. That matters with lazy refcounts too (refcounts are
+ * rebuilt from the references after a crash), so there allocation just
+ * ends the free direction. Writes that only allocate pay nothing extra;
+ * alternating frees and allocations (discard, or overwriting clusters
+ * shared with a snapshot) pay one flush per switch.
+ */
+static int coroutine_fn order_change(Qcow2State *s, int64_t addend)
+{
+    if (addend < 0) {
+        return qcow2_cache_depend(s->rb_cache, s->l2_cache, true);
+    }
+    if (s->lazy_refcounts) {
+        return qcow2_cache_release(s->rb_cache);
+    }
+    return qcow2_cache_depend(s->l2_cache, s->rb_cache, false);
+}
+
 int coroutine_fn qcow2_update_refcount(Qcow2State *s, uint64_t off, uint64_t len, int64_t addend)
 {
     if (len == 0) {
@@ -422,6 +456,11 @@ int coroutine_fn qcow2_update_refcount(Qcow2State *s, uint64_t off, uint64_t len
                 if (r < 0) {
                     break;
                 }
+            }
+            /* Per block: making room above may have changed direction. */
+            r = order_change(s, addend);
+            if (r < 0) {
+                break;
             }
             r = get_block(s, ti, &b);
             if (r < 0) {
