@@ -5,6 +5,8 @@
  * not stop `info` from describing the image that names it.
  */
 #include "cmd.h"
+#include "aio/loop.h"
+#include "block/snapshot.h"
 #include "util/size.h"
 
 #include <getopt.h>
@@ -22,7 +24,37 @@ static const char *const usage_text =
     "  --backing-chain   describe every image of the backing chain\n"
     "  -U                force shared access\n";
 
-static void print_human(const char *filename, const QkImageInfo *info, const char *full_backing)
+typedef struct SnapList {
+    QkBlock *bs;
+    QkSnapshotInfo *l;
+    int n;
+    int ret;
+    QkError err;
+} SnapList;
+
+static void coroutine_fn list_co(void *opaque)
+{
+    SnapList *sl = opaque;
+    sl->ret = qk_co_snapshot_list(sl->bs, &sl->l, &sl->n, &sl->err);
+}
+
+/* The image's snapshot table; none for formats without one. */
+static int list_snapshots(QkBlock *bs, SnapList *sl)
+{
+    *sl = (SnapList){.bs = bs};
+    if (!qk_block_has_snapshots(bs)) {
+        return 0;
+    }
+    qk_co_run(list_co, sl);
+    if (sl->ret < 0) {
+        sl->l = NULL;
+        sl->n = 0;
+    }
+    return sl->ret;
+}
+
+static void print_human(const char *filename, const QkImageInfo *info, const char *full_backing,
+                        const SnapList *sl)
 {
     char buf[64];
     printf("image: %s\n", filename);
@@ -50,15 +82,20 @@ static void print_human(const char *filename, const QkImageInfo *info, const cha
     if (info->dirty) {
         printf("cleanly shut down: no\n");
     }
+    qk_tool_print_snapshots(sl->l, sl->n);
     qk_tool_print_format_specific(info);
 }
 
 /* Keys in the order qemu-img prints them. */
-static json_t *to_json(const char *filename, const QkImageInfo *info, const char *full_backing)
+static json_t *to_json(const char *filename, const QkImageInfo *info, const char *full_backing,
+                       const SnapList *sl)
 {
     json_t *o = json_object();
     if (info->backing_file && info->backing_format) {
         json_object_set_new(o, "backing-filename-format", json_string(info->backing_format));
+    }
+    if (sl->n) {
+        json_object_set_new(o, "snapshots", qk_tool_snapshots_json(sl->l, sl->n));
     }
     json_object_set_new(o, "virtual-size", json_integer((json_int_t)info->virtual_size));
     json_object_set_new(o, "filename", json_string(filename));
@@ -152,15 +189,23 @@ static int run(int argc, char **argv)
         }
         QkImageInfo info;
         qk_block_get_info(bs, &info);
+        SnapList sl;
+        if (list_snapshots(bs, &sl) < 0) {
+            qk_tool_error("Could not read the snapshot table of '%s': %s", name, sl.err.msg);
+            qk_block_close(bs);
+            ret = 1;
+            break;
+        }
         char *full = info.backing_file ? qk_tool_backing_path(name, info.backing_file) : NULL;
         if (json) {
-            json_array_append_new(list, to_json(name, &info, full));
+            json_array_append_new(list, to_json(name, &info, full, &sl));
         } else {
             if (depth > 0) {
                 printf("\n");
             }
-            print_human(name, &info, full);
+            print_human(name, &info, full, &sl);
         }
+        qk_snapshot_list_free(sl.l, sl.n);
         /* The next layer is opened with the format this one records. */
         free(layer_fmt);
         layer_fmt = info.backing_format ? strdup(info.backing_format) : NULL;

@@ -16,3 +16,27 @@ same_list() {
     cat diff.out
   fi
 }
+# patch_kvm IMAGE: gives the snapshot named kvm (one with VM state) wide
+# values: 5 GiB + 1 of VM state, VM clock 100:02:03.456 and icount
+# 123456789012 (snapshot table layout from the qcow2 specification).
+patch_kvm() {
+  python3 - "$1" <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+hdr = f.read(72)
+n, off = struct.unpack(">IQ", hdr[60:72])
+for i in range(n):
+    f.seek(off)
+    e = f.read(40)
+    idlen, namelen = struct.unpack(">HH", e[12:16])
+    extra = struct.unpack(">I", e[36:40])[0]
+    name = (f.seek(off + 40 + extra), f.read(idlen + namelen))[1][idlen:]
+    if name == b"kvm" and extra >= 24:
+        clock = ((100 * 60 + 2) * 60 + 3) * 10**9 + 456 * 10**6
+        f.seek(off + 24); f.write(struct.pack(">Q", clock))
+        f.seek(off + 40); f.write(struct.pack(">Q", (5 << 30) + 1))
+        f.seek(off + 40 + 16); f.write(struct.pack(">q", 123456789012))
+    off += 40 + extra + idlen + namelen
+    off = (off + 7) & ~7
+PY
+}

@@ -35,28 +35,9 @@ qemu-img snapshot -l "$img" | awk 'NR > 2 {print $2, $NF}' > icount.txt
 grep -qx 'kvm 00:00:00.000' icount.txt || bad "kvm should have no ICOUNT"
 [ "$(grep -c ' 0$' icount.txt)" = 6 ] || { bad "ICOUNT 0 expected on 6 snapshots"; cat icount.txt; }
 
-# Patch entry 3 (kvm): 5 GiB + 1 of VM state, VM clock 100:02:03.456,
-# icount 123456789012 (snapshot table layout from the qcow2 specification).
+# Patch entry 3 (kvm) to wide values (see patch_kvm).
 cp "$img" patched.qcow2
-python3 - patched.qcow2 <<'PY' || bad "patching the table"
-import struct, sys
-f = open(sys.argv[1], "r+b")
-hdr = f.read(72)
-n, off = struct.unpack(">IQ", hdr[60:72])
-for i in range(n):
-    f.seek(off)
-    e = f.read(40)
-    idlen, namelen = struct.unpack(">HH", e[12:16])
-    extra = struct.unpack(">I", e[36:40])[0]
-    name = (f.seek(off + 40 + extra), f.read(idlen + namelen))[1][idlen:]
-    if name == b"kvm" and extra >= 24:
-        clock = ((100 * 60 + 2) * 60 + 3) * 10**9 + 456 * 10**6
-        f.seek(off + 24); f.write(struct.pack(">Q", clock))
-        f.seek(off + 40); f.write(struct.pack(">Q", (5 << 30) + 1))
-        f.seek(off + 40 + 16); f.write(struct.pack(">q", 123456789012))
-    off += 40 + extra + idlen + namelen
-    off = (off + 7) & ~7
-PY
+patch_kvm patched.qcow2 || bad "patching the table"
 same_list patched.qcow2 "patched entry"
 # (qemu-img's columns run together when a value is wider than its column.)
 qemu-img snapshot -l patched.qcow2 | grep -q ' kvm  *5 GiB .*100:02:03\.456123456789012$' ||
