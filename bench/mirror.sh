@@ -4,12 +4,12 @@
 # SIZE while a mirror job copies it; reports writer IOPS idle and during the
 # mirror, mirror throughput, time to ready and total time, for background
 # and write-blocking modes, the rescan-per-chunk ablation, background mode
-# with the copy at normal CPU priority (the default is low), and QEMU's
+# with the copy at low CPU priority (copy-priority=low), and QEMU's
 # blockdev-mirror through qemu-storage-daemon when it is installed.
 # Targets on tmpfs (/dev/shm) and on the same disk as the source.
 #
 # Usage: bench/mirror.sh [tmpfs|disk|both]   env: SIZE=2G DURATION=20 BS=4k DEPTH=32
-#        CASES="idle background background-normal write-blocking rescan qemu-background qemu-write-blocking"
+#        CASES="idle background background-low write-blocking rescan qemu-background qemu-write-blocking"
 set -u
 top=$(cd "$(dirname "$0")/.." && pwd)
 QK=${QCOWKIT:-$top/build/tools/qcowkit}
@@ -17,7 +17,7 @@ SIZE=${SIZE:-2G}
 DURATION=${DURATION:-20}
 BS=${BS:-4k}
 DEPTH=${DEPTH:-32}
-CASES=${CASES:-"idle background background-normal write-blocking rescan qemu-background qemu-write-blocking"}
+CASES=${CASES:-"idle background background-low write-blocking rescan qemu-background qemu-write-blocking"}
 where=${1:-both}
 work=$(mktemp -d /var/tmp/qk-mirror-bench.XXXXXX)
 pids=()
@@ -106,7 +106,7 @@ qk_case() { # target-dir mode rescan [copy-priority]
     qctl job-cancel id=m wait=true > /dev/null
   fi
   printf '| qcowkit %s%s | %s | %s MB/s | %s | %s | dirty at writer end %s MiB |\n' "$mode" \
-    "$([ "$rescan" = true ] && echo ' (rescan+drain per chunk)')$([ "$prio" = normal ] && echo ' (copy at normal CPU priority)')" \
+    "$([ "$rescan" = true ] && echo ' (rescan+drain per chunk)')$([ "$prio" = low ] && echo ' (copy at low CPU priority)')" \
     "$(iops "$work/fio.json")" "$tput" \
     "${ready:-not ready while the writer ran}" "$total" "$(( ${dirty:-0} / 1048576 ))"
   stop_qk
@@ -147,7 +147,7 @@ run_where() { # label dir
     case $c in
       idle) start_qk; fio_run "$work/fio.json"; stop_qk; echo "| no mirror | $(iops "$work/fio.json") | | | | |" ;;
       background) qk_case "$2" background false ;;
-      background-normal) qk_case "$2" background false normal ;;
+      background-low) qk_case "$2" background false low ;;
       write-blocking) qk_case "$2" write-blocking false ;;
       rescan) qk_case "$2" background true ;;
       qemu-background) qsd_case "$2" background ;;

@@ -106,9 +106,8 @@ static const char usage_text[] =
     "  --max-in-flight N    copies at once (default 16)\n"
     "  --mode MODE          background (default) or write-blocking\n"
     "  --rescan-per-chunk   the slow walk (restart and drain per chunk), for comparison\n"
-    "  --copy-priority P    CPU priority of the copy's I/O: low yields to other work\n"
-    "                       (default normal here; the daemon's background mirrors\n"
-    "                       default to low)\n";
+    "  --copy-priority P    CPU priority of the copy's I/O: normal (default) or low\n"
+    "                       (yields the CPUs to other work, and may starve the copy)\n";
 
 static int run(int argc, char **argv)
 {
@@ -124,8 +123,7 @@ static int run(int argc, char **argv)
         {"copy-priority", required_argument, NULL, OPT_PRIO},
         {NULL, 0, NULL, 0},
     };
-    /* Nothing else writes SRC here: the copy may have the CPUs. */
-    MirrorCmd c = {.o.copy_priority = QK_MIRROR_PRIO_NORMAL};
+    MirrorCmd c = {0};
     uint64_t v;
     int opt;
     optind = 1;

@@ -673,7 +673,7 @@ QkJob *qk_mirror_start(const char *id, QkBlock *source, QkBlock *target,
         return NULL;
     }
     if (o.copy_priority == QK_MIRROR_PRIO_AUTO) {
-        o.copy_priority = o.mode == QK_MIRROR_BACKGROUND ? QK_MIRROR_PRIO_LOW : QK_MIRROR_PRIO_NORMAL;
+        o.copy_priority = QK_MIRROR_PRIO_NORMAL;
     }
     o.buf_size = o.buf_size ? o.buf_size : DEFAULT_BUF_SIZE;
     o.max_in_flight = o.max_in_flight > 0 ? o.max_in_flight : DEFAULT_IN_FLIGHT;
