@@ -198,6 +198,19 @@ static int coroutine_fn sync_all(Qcow2State *s)
     return r < 0 ? r : qk_co_flush(s->bs->file);
 }
 
+/* Adds delta to the refcount of every cluster the active tree uses (0:
+ * none), recomputes its COPIED flags, writes the active L1 table back if
+ * they changed, and makes it all stable. */
+static int coroutine_fn update_active_tree(Qcow2State *s, int delta)
+{
+    bool changed;
+    int r = qcow2_walk_l1(s, s->l1, s->l1_size, delta, true, &changed);
+    if (r == 0 && changed) {
+        r = rewrite_active_l1(s);
+    }
+    return r < 0 ? r : sync_all(s);
+}
+
 static void begin(Qcow2State *s)
 {
     qk_co_block_quiesce_begin(s->bs);
@@ -286,14 +299,7 @@ static int coroutine_fn create_locked(Qcow2State *s, const QkSnapshotInfo *info,
         qk_error_set_errno(err, r, "Could not write the snapshot's L1 table");
         goto out;
     }
-    bool changed;
-    r = qcow2_walk_l1(s, s->l1, s->l1_size, 1, true, &changed);
-    if (r == 0 && changed) {
-        r = rewrite_active_l1(s);
-    }
-    if (r == 0) {
-        r = sync_all(s);
-    }
+    r = update_active_tree(s, 1);
     if (r < 0) {
         qk_error_set_errno(err, r, "Could not update the refcounts");
         goto out;
@@ -383,15 +389,8 @@ static int coroutine_fn goto_locked(Qcow2State *s, const Qcow2Snapshot *sn, QkEr
     if (r == 0) {
         r = qcow2_free_clusters(s, old_off, l1_clusters_bytes(s, old_n));
     }
-    bool changed;
     if (r == 0) {
-        r = qcow2_walk_l1(s, s->l1, s->l1_size, 0, true, &changed);
-    }
-    if (r == 0 && changed) {
-        r = rewrite_active_l1(s);
-    }
-    if (r == 0) {
-        r = sync_all(s);
+        r = update_active_tree(s, 0);
     }
     return r < 0 ? qk_error_set_errno(err, r, "Could not update the refcounts") : 0;
 }
@@ -467,15 +466,8 @@ int coroutine_fn qcow2_co_snapshot_delete(QkBlock *bs, const char *id, const cha
         if (r == 0 && gone.l1_size) {
             r = qcow2_free_clusters(s, gone.l1_offset, (uint64_t)gone.l1_size * 8);
         }
-        bool changed;
         if (r == 0) {
-            r = qcow2_walk_l1(s, s->l1, s->l1_size, 0, true, &changed);
-        }
-        if (r == 0 && changed) {
-            r = rewrite_active_l1(s);
-        }
-        if (r == 0) {
-            r = sync_all(s);
+            r = update_active_tree(s, 0);
         }
         if (r < 0) {
             qk_error_set_errno(err, r, "Could not free the snapshot's clusters");
