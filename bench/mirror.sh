@@ -12,6 +12,7 @@
 #        CASES="idle background background-low write-blocking rescan qemu-background qemu-write-blocking"
 set -u
 top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/bench/lib.bash"
 QK=${QCOWKIT:-$top/build/tools/qcowkit}
 SIZE=${SIZE:-2G}
 DURATION=${DURATION:-20}
@@ -46,10 +47,6 @@ iops() { # fio may print notes before its JSON
   python3 -c "import json,sys; t=open(sys.argv[1]).read(); print(round(json.loads(t[t.index('{'):])['jobs'][0]['write']['iops']))" "$1"
 }
 
-# Every case starts from an empty page cache (where we may drop it): the
-# fill leaves large folios behind, and 4k writes into those cost the file
-# system several times more than writes into a cold file.
-drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
 
 start_qk() {
   drop_caches

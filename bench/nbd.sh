@@ -12,6 +12,7 @@
 #                       QK_AIO=io_uring|threads to pick qcowkit's I/O backend)
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/bench/lib.bash"
 RUNTIME=${RUNTIME:-10}
 REPS=${REPS:-3}
 SIZE=${SIZE:-1G}
@@ -33,10 +34,6 @@ qemu-img create -q -f "$FORMAT" "$img" "$SIZE"
 # Fully allocate it so reads hit data and writes overwrite, for both.
 qemu-io -f "$FORMAT" -c "write -P 0x5a 0 $SIZE" "$img" >/dev/null
 
-# Each server starts from an empty page cache (where we may drop it): the
-# fill leaves large folios behind, and 4k writes into those cost the file
-# system several times more than writes into a cold file.
-drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
 
 start() { # qcowkit|qemu-nbd
   drop_caches

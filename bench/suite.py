@@ -93,7 +93,7 @@ def prep_raw(path, size, mode):
               "oflag=direct", "status=none"])
 
 
-def warm_cache(w, path):
+def prepare_cache(w, path):
     """With cache=writeback every system starts from the same page cache:
     reads from the whole image cached (otherwise whoever runs first pays
     for the disk reads and the others get them for free), writes from an
@@ -291,14 +291,14 @@ def main():
                         if w["fresh"] or mode != "written" or raw not in filled:
                             prep_raw(raw, w["image"], mode)
                             filled[raw] = mode == "written"
-                        warm_cache(w, raw)
+                        prepare_cache(w, raw)
                         t, m = run_fio(w, raw)
                     else:
                         key = ("q", w["ext_l2"])
                         if w["fresh"] or filled.get(qimg) != key:
                             prep_qcow2(qimg, w["image"], w["ext_l2"], fill=not w["fresh"])
                             filled[qimg] = None if w["fresh"] else key
-                        warm_cache(w, qimg)
+                        prepare_cache(w, qimg)
                         if sysname == "qemu-img":
                             t, m = run_qemu(w, qimg)
                         else:
