@@ -114,6 +114,7 @@ void qk_dirty_bitmap_mark(QkDirtyBitmap *bm, uint64_t off, uint64_t bytes)
     }
     range_bits(bm, off, bytes, &first, &n);
     qk_hbitmap_set(bm->bits, first, n);
+    bm->marked_bytes += n * bm->granularity;
 }
 
 void qk_dirty_bitmap_reset(QkDirtyBitmap *bm, uint64_t off, uint64_t bytes)

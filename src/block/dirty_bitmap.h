@@ -23,6 +23,7 @@ typedef struct QkDirtyBitmap {
     bool enabled;
     int busy;                 /* users (e.g. a mirror job) that forbid removal */
     QkHBitmap *bits;
+    uint64_t marked_bytes;    /* chunk bytes ever marked: how fast writes land, as seen at this granularity */
     struct QkDirtyBitmap *next;
 } QkDirtyBitmap;
 

@@ -122,7 +122,8 @@ static json_t *coroutine_fn cmd_mirror_start(QkDaemon *d, json_t *args, QkError 
         arg_size(args, "buf-size", &o.buf_size, err) < 0 ||
         arg_size(args, "max-in-flight", &in_flight, err) < 0 ||
         arg_size(args, "ready-threshold", &o.ready_threshold, err) < 0 ||
-        qk_control_arg_bool(args, "rescan-per-chunk", &o.rescan_per_chunk, err) < 0) {
+        qk_control_arg_bool(args, "rescan-per-chunk", &o.rescan_per_chunk, err) < 0 ||
+        qk_control_arg_bool(args, "chase-writes", &o.chase_writes, err) < 0) {
         return NULL;
     }
     if (mode && qk_mirror_mode_parse(mode, &o.mode) < 0) {
@@ -225,6 +226,10 @@ static json_t *job_json(QkJob *job)
         json_object_set_new(o, "chunks", json_integer((json_int_t)st.chunks_submitted));
         json_object_set_new(o, "cursor-restarts", json_integer((json_int_t)st.cursor_restarts));
         json_object_set_new(o, "active-writes", json_integer((json_int_t)st.active_writes));
+        if (st.bulk_done_ns) {
+            json_object_set_new(o, "ms-bulk", json_integer((st.bulk_done_ns - job->start_ns) / 1000000));
+        }
+        json_object_set_new(o, "writer-wait-ms", json_integer(st.writer_wait_ns / 1000000));
         JobCtx *c = ctx_of(job);
         if (c) {
             json_object_set_new(o, "export", json_string(c->export_name));
@@ -355,7 +360,7 @@ void coroutine_fn qk_co_control_jobs_shutdown(void)
 
 static const char *const start_params[] = {
     "export", "target", "format", "id", "mode", "speed", "granularity", "buf-size",
-    "max-in-flight", "ready-threshold", "rescan-per-chunk", "copy-priority", NULL,
+    "max-in-flight", "ready-threshold", "rescan-per-chunk", "chase-writes", "copy-priority", NULL,
 };
 static const char *const id_params[] = {"id", NULL};
 static const char *const complete_params[] = {"id", "switch", "wait", NULL};

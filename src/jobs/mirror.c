@@ -31,6 +31,8 @@
 #define IDLE_SLEEP_NS 2000000LL
 /* Pause between dirty passes of a ready background mirror. */
 #define PASS_PAUSE_NS 100000000LL
+/* Window over which a background mirror measures the guest's write rate. */
+#define WRITE_RATE_WINDOW_NS 100000000LL
 
 typedef struct Mirror Mirror;
 
@@ -65,6 +67,12 @@ struct Mirror {
     bool do_switch;
     bool switched;                /* users moved to the target: forward everything */
     bool pass_pause;              /* a full dirty pass ended while ready */
+    bool pass_end;                /* a full dirty pass of a background mirror ended */
+    uint64_t bulk_rate;           /* bytes/s the bulk pass copied at */
+    int64_t pass_start_ns;
+    uint64_t pass_start_done;     /* bytes_done when the pass began */
+    uint64_t pass_start_marked;   /* the bitmap's marked_bytes then */
+    uint64_t pass_start_dirty;    /* and its dirty bytes */
     uint64_t bulk_cursor;
     uint64_t in_flight_bytes;
     /* Copy buffers of max_op bytes, kept for the job's life: a fresh
@@ -369,12 +377,13 @@ static bool coroutine_fn dirty_step(Mirror *m, uint64_t *cursor)
         /* Wrap around: the only time the walk starts again at 0. */
         m->st.cursor_restarts++;
         *cursor = 0;
-        if (m->job.state == QK_JOB_READY && m->o.mode == QK_MIRROR_BACKGROUND) {
+        if (m->o.mode == QK_MIRROR_BACKGROUND) {
             /* A ready mirror need not chase every write as it lands:
              * pausing between passes lets writes to the same chunks
              * coalesce and leaves the CPUs to the writer. Completion
              * copies what is left with writes held anyway. */
-            m->pass_pause = true;
+            m->pass_pause = m->job.state == QK_JOB_READY;
+            m->pass_end = true;
             return false;
         }
         off = qk_dirty_bitmap_next_dirty(m->bm, 0);
@@ -555,12 +564,61 @@ static void release_bitmap(Mirror *m)
     }
 }
 
+/* Called between dirty passes of a background mirror. While the guest
+ * dirties chunks faster than half the rate the mirror copies them, another
+ * pass cannot shrink the dirty set: it would only re-copy chunks the guest
+ * dirties again, taking CPU and bandwidth from the very writer background
+ * mode must not slow. So the mirror waits, a window at a time, for the
+ * writes to slow down; job-complete (which holds writes) or cancel ends the
+ * wait at once. Write-blocking mode converges under any load instead. */
+static void coroutine_fn wait_for_writes_to_slow(Mirror *m)
+{
+    int64_t now = qk_clock_ns(), dt = now - m->pass_start_ns;
+    uint64_t rate = m->bulk_rate, written = m->bm->marked_bytes - m->pass_start_marked;
+    if (dt > 0) {
+        rate = QK_MAX(rate, (uint64_t)((double)(m->job.bytes_done - m->pass_start_done) * 1e9 / (double)dt));
+    }
+    /* A pass that halved the dirty set converges: go on. A pass too short
+     * to tell the write rate gets one window more. */
+    uint64_t dirty = qk_dirty_bitmap_dirty_bytes(m->bm);
+    bool converging = dirty <= m->o.ready_threshold || dirty <= m->pass_start_dirty / 2;
+    bool measured = dt >= WRITE_RATE_WINDOW_NS / 10;
+    while (rate && !converging && !should_stop(m) && !m->job.complete_requested) {
+        if (measured && (double)written * 1e9 / (double)dt * 2 < (double)rate) {
+            break;
+        }
+        if (measured) {
+            m->st.writer_waits++;
+        }
+        uint64_t before = m->bm->marked_bytes;
+        int64_t t0 = qk_clock_ns();
+        qk_co_job_sleep_ns(&m->job, WRITE_RATE_WINDOW_NS);
+        dt = QK_MAX(qk_clock_ns() - t0, 1);
+        written = m->bm->marked_bytes - before;
+        if (measured) {
+            m->st.writer_wait_ns += dt;
+        }
+        measured = true;
+    }
+    m->pass_start_ns = qk_clock_ns();
+    m->pass_start_done = m->job.bytes_done;
+    m->pass_start_marked = m->bm->marked_bytes;
+    m->pass_start_dirty = qk_dirty_bitmap_dirty_bytes(m->bm);
+}
+
 static int coroutine_fn mirror_run(QkJob *job, QkError *err)
 {
     Mirror *m = (Mirror *)job;
     int r = bulk_pass(m);
     qk_task_pool_wait_all(m->pool);
     m->st.bulk_done_ns = qk_clock_ns();
+    if (m->st.bulk_done_ns > job->start_ns) {
+        m->bulk_rate = (uint64_t)((double)job->bytes_done * 1e9 / (double)(m->st.bulk_done_ns - job->start_ns));
+    }
+    m->pass_start_ns = m->st.bulk_done_ns;
+    m->pass_start_done = job->bytes_done;
+    m->pass_start_marked = m->bm ? m->bm->marked_bytes : 0;
+    m->pass_start_dirty = m->bm ? qk_dirty_bitmap_dirty_bytes(m->bm) : 0;
     update_progress(m);
     if (r == 0 && !should_stop(m) && m->o.mode == QK_MIRROR_WRITE_BLOCKING) {
         install_hook(m);
@@ -595,6 +653,12 @@ static int coroutine_fn mirror_run(QkJob *job, QkError *err)
         if (job->dirty_bytes == 0 || !dirty_step(m, &cursor)) {
             qk_co_job_sleep_ns(job, m->pass_pause ? PASS_PAUSE_NS : IDLE_SLEEP_NS);
             m->pass_pause = false;
+            if (m->pass_end) {
+                m->pass_end = false;
+                if (!m->o.chase_writes) {
+                    wait_for_writes_to_slow(m);
+                }
+            }
         }
     }
     qk_task_pool_wait_all(m->pool);

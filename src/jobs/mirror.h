@@ -48,6 +48,7 @@ typedef struct QkMirrorOptions {
     uint64_t ready_threshold; /* ready when dirty bytes <= this; default 0 */
     bool target_is_zero;      /* fresh target: the bulk pass skips zeroes */
     bool rescan_per_chunk;    /* ablation: restart the walk and drain per chunk */
+    bool chase_writes;        /* ablation: background passes run back to back whatever the write rate */
     QkMirrorPriority copy_priority; /* CPU priority of the copies' host I/O */
     QkMirrorSwitchFn *switch_fn;
     void *switch_opaque;
@@ -78,6 +79,8 @@ typedef struct QkMirrorStats {
     uint64_t active_writes;     /* guest writes copied by the write hook */
     uint64_t active_conflicts;  /* of those, left to the walker (overlap) */
     int64_t bulk_done_ns;       /* when the bulk pass finished, 0 before */
+    uint64_t writer_waits;      /* background: windows spent waiting for writes to slow */
+    int64_t writer_wait_ns;     /* time spent so */
 } QkMirrorStats;
 void qk_mirror_get_stats(const QkJob *job, QkMirrorStats *st);
 

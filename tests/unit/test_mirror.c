@@ -59,6 +59,21 @@ static int coroutine_fn create_img(const char *name, const char *fmt, uint64_t s
     return r;
 }
 
+/* Fresh raw source and target of SIZE bytes; false (counted as a failure)
+ * if either cannot be made. */
+static bool coroutine_fn raw_pair(QkBlock **src, QkBlock **dst)
+{
+    QK_CHECK_EQ(create_img("src.img", "raw", SIZE), 0);
+    QK_CHECK_EQ(create_img("dst.img", "raw", SIZE), 0);
+    *src = open_img("src.img", "raw");
+    *dst = open_img("dst.img", "raw");
+    if (!*src || !*dst) {
+        qk_test_failures++;
+        return false;
+    }
+    return true;
+}
+
 static void fill(uint8_t *buf, size_t n, uint64_t seed)
 {
     uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 1;
@@ -127,6 +142,7 @@ typedef struct Writers {
     int started;
     uint64_t writes;
     uint64_t seed;
+    int64_t pause_ns;   /* between a writer's writes; 0: 200 us */
 } Writers;
 
 static void coroutine_fn writer(void *opaque)
@@ -150,7 +166,7 @@ static void coroutine_fn writer(void *opaque)
         }
         QK_CHECK_EQ(r, 0);
         w->writes++;
-        qk_co_sleep_ns(200000);
+        qk_co_sleep_ns(w->pause_ns ? w->pause_ns : 200000);
     }
     free(buf);
     w->running--;
@@ -299,15 +315,15 @@ static void cmp_switch(void *opaque, QkBlock *src, QkBlock *target)
 static void coroutine_fn test_steady_raw(QkMirrorMode mode)
 {
     fprintf(stderr, "steady writer through the switch, raw, %s\n", qk_mirror_mode_name(mode));
-    QK_CHECK_EQ(create_img("src.img", "raw", SIZE), 0);
-    QK_CHECK_EQ(create_img("dst.img", "raw", SIZE), 0);
-    QkBlock *src = open_img("src.img", "raw"), *dst = open_img("dst.img", "raw");
-    if (!src || !dst) {
-        qk_test_failures++;
+    QkBlock *src, *dst;
+    if (!raw_pair(&src, &dst)) {
         return;
     }
     seed_source(src);
-    Writers w = {0};
+    /* Background mode converges only while the copy outpaces the writes
+     * (test_waits_for_writes shows it waiting otherwise): its steady writer
+     * is a moderate one. Write-blocking converges under any load. */
+    Writers w = {.pause_ns = mode == QK_MIRROR_BACKGROUND ? 20 * 1000000LL : 0};
     start_writers(&w, src, 8, rnd());
     QkError err = {0};
     CmpAtSwitch c = {0};
@@ -332,11 +348,8 @@ static void coroutine_fn test_steady_raw(QkMirrorMode mode)
 static void coroutine_fn test_cancel(void)
 {
     fprintf(stderr, "cancel\n");
-    QK_CHECK_EQ(create_img("src.img", "raw", SIZE), 0);
-    QK_CHECK_EQ(create_img("dst.img", "raw", SIZE), 0);
-    QkBlock *src = open_img("src.img", "raw"), *dst = open_img("dst.img", "raw");
-    if (!src || !dst) {
-        qk_test_failures++;
+    QkBlock *src, *dst;
+    if (!raw_pair(&src, &dst)) {
         return;
     }
     seed_source(src);
@@ -376,11 +389,8 @@ static int coroutine_fn failing_pwritev(QkBlock *bs, uint64_t off, uint64_t byte
 static void coroutine_fn test_target_error(QkMirrorMode mode)
 {
     fprintf(stderr, "target error %s\n", qk_mirror_mode_name(mode));
-    QK_CHECK_EQ(create_img("src.img", "raw", SIZE), 0);
-    QK_CHECK_EQ(create_img("dst.img", "raw", SIZE), 0);
-    QkBlock *src = open_img("src.img", "raw"), *dst = open_img("dst.img", "raw");
-    if (!src || !dst) {
-        qk_test_failures++;
+    QkBlock *src, *dst;
+    if (!raw_pair(&src, &dst)) {
         return;
     }
     seed_source(src);
@@ -427,11 +437,8 @@ static void coroutine_fn test_target_error(QkMirrorMode mode)
 static void coroutine_fn test_speed(void)
 {
     fprintf(stderr, "speed\n");
-    QK_CHECK_EQ(create_img("src.img", "raw", SIZE), 0);
-    QK_CHECK_EQ(create_img("dst.img", "raw", SIZE), 0);
-    QkBlock *src = open_img("src.img", "raw"), *dst = open_img("dst.img", "raw");
-    if (!src || !dst) {
-        qk_test_failures++;
+    QkBlock *src, *dst;
+    if (!raw_pair(&src, &dst)) {
         return;
     }
     uint8_t *buf = malloc(MiB);
@@ -468,11 +475,8 @@ static void coroutine_fn test_speed(void)
 static void coroutine_fn test_walker(bool rescan)
 {
     fprintf(stderr, "walker rescan=%d\n", rescan);
-    QK_CHECK_EQ(create_img("src.img", "raw", SIZE), 0);
-    QK_CHECK_EQ(create_img("dst.img", "raw", SIZE), 0);
-    QkBlock *src = open_img("src.img", "raw"), *dst = open_img("dst.img", "raw");
-    if (!src || !dst) {
-        qk_test_failures++;
+    QkBlock *src, *dst;
+    if (!raw_pair(&src, &dst)) {
         return;
     }
     seed_source(src);
@@ -522,6 +526,92 @@ static void coroutine_fn test_walker(bool rescan)
     qk_co_block_close(dst);
 }
 
+/* A background mirror whose passes cannot keep up with the guest's writes
+ * waits for them to slow down instead of re-copying chunks the guest
+ * dirties again; when the writes stop it converges. The ablation keeps
+ * copying. The speed limit pins the copy rate so the test does not depend
+ * on the machine. */
+typedef struct Hammer {
+    QkBlock *bs;
+    bool stop;
+    int running;
+    uint64_t writes;
+} Hammer;
+
+static void coroutine_fn hammer(void *opaque)
+{
+    Hammer *h = opaque;
+    uint8_t *buf = qk_aligned_alloc(4096, 4096);
+    memset(buf, 0x33, 4096);
+    uint64_t s = 99 + (uint64_t)h->running * 31;
+    while (!h->stop) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        QK_CHECK_EQ(qk_co_pwrite(h->bs, ((s >> 33) % (SIZE / 4096)) * 4096, 4096, buf, 0), 0);
+        h->writes++;
+        qk_co_sleep_ns(100000);
+    }
+    free(buf);
+    h->running--;
+}
+
+static void coroutine_fn test_waits_for_writes(bool chase)
+{
+    fprintf(stderr, "background under heavy writes, chase=%d\n", chase);
+    QkBlock *src, *dst;
+    if (!raw_pair(&src, &dst)) {
+        return;
+    }
+    seed_source(src);
+    Hammer h = {.bs = src};
+    for (int i = 0; i < 8; i++) {
+        h.running++;
+        qk_coroutine_wake(qk_coroutine_create(hammer, &h));
+    }
+    QkError err = {0};
+    QkMirrorOptions o = {.granularity = 65536, .speed = 32 * MiB, .chase_writes = chase};
+    QkJob *job = qk_mirror_start(NULL, src, dst, &o, &err);
+    QK_CHECK(job != NULL);
+    if (!job) {
+        h.stop = true;
+        return;
+    }
+    QkMirrorStats st0, st1;
+    for (qk_mirror_get_stats(job, &st0); st0.bulk_done_ns == 0; qk_mirror_get_stats(job, &st0)) {
+        qk_co_sleep_ns(2000000);
+    }
+    /* Three seconds of writes far faster than the copy (thousands of 4 KiB
+     * writes a second, each dirtying a 64 KiB chunk; the copy moves 32 MiB/s). */
+    qk_co_sleep_ns(3000 * 1000000LL);
+    qk_mirror_get_stats(job, &st1);
+    uint64_t copied = (st1.chunks_submitted - st0.chunks_submitted) * 65536;
+    fprintf(stderr, "  writes %llu, copied after the bulk pass %llu MiB, waited %lld ms\n",
+            (unsigned long long)h.writes, (unsigned long long)(copied / MiB),
+            (long long)(st1.writer_wait_ns / 1000000));
+    QK_CHECK(h.writes > 3000);
+    static uint64_t copied_waiting; /* by the run without chase, which goes first */
+    if (chase) {
+        QK_CHECK(copied > copied_waiting); /* it kept re-copying */
+        QK_CHECK_EQ(st1.writer_waits, 0);
+    } else {
+        copied_waiting = copied;
+        QK_CHECK(copied <= SIZE + 4 * MiB); /* at most one pass, then waiting */
+        QK_CHECK(st1.writer_wait_ns >= 1000 * 1000000LL);
+    }
+    h.stop = true;
+    while (h.running > 0) {
+        qk_co_sleep_ns(1000000);
+    }
+    /* With the writes stopped the mirror converges and completes. */
+    QK_CHECK(wait_state(job, QK_JOB_READY, 10 * 1000000000LL));
+    QK_CHECK_EQ(qk_mirror_complete(job, false, &err), 0);
+    qk_co_job_wait(job);
+    QK_CHECK_EQ(job->state, QK_JOB_COMPLETED);
+    QK_CHECK(same_content(src, dst));
+    qk_job_free(job);
+    qk_co_block_close(src);
+    qk_co_block_close(dst);
+}
+
 static bool qcow2_usable;
 
 static void coroutine_fn body(void *opaque)
@@ -546,6 +636,8 @@ static void coroutine_fn body(void *opaque)
     test_speed();
     test_walker(false);
     test_walker(true);
+    test_waits_for_writes(false);
+    test_waits_for_writes(true);
 }
 
 int main(void)
