@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """QEMU side of bench/mirror.sh: drives blockdev-mirror over QMP while the
 writer (whose pid is given) runs, then completes. Prints one table tail:
-'throughput MB/s | time to ready | time to complete | note |'."""
+'image copied once (s) | its rate MB/s | MB copied per s while writing |
+time to ready | time to complete | note |'."""
 import json, os, socket, sys, time
 
 path, mode, writer_pid, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -23,7 +24,7 @@ t0 = time.time()
 r = cmd("blockdev-mirror", **{"job-id": "m", "device": "src", "target": "dst", "sync": "full",
                               "copy-mode": mode})
 if "error" in r:
-    print("error: %s | | | |" % r["error"]["desc"])
+    print("error: %s | | | | | |" % r["error"]["desc"])
     sys.exit(0)
 ready = None
 def alive(pid):
@@ -33,11 +34,14 @@ def alive(pid):
     except OSError:
         return False
 job = {}
+once = None  # seconds until the bytes copied first reached the image size
 while alive(writer_pid):
     jobs = cmd("query-jobs")["return"]
     job = jobs[0] if jobs else job
     if ready is None and job.get("status") == "ready":
         ready = time.time() - t0
+    if once is None and job.get("current-progress", 0) >= size:
+        once = time.time() - t0
     time.sleep(0.25)
 now = time.time()
 jobs = cmd("query-jobs")["return"]
@@ -57,4 +61,6 @@ if job.get("status") == "ready":
 else:
     cmd("job-cancel", id="m")
 ready_s = "not ready while the writer ran" if ready is None else (ready if isinstance(ready, str) else round(ready, 1))
-print("%d MB/s | %s | %s | |" % (tput, ready_s, total))
+once_s = "-" if once is None else "%.1f" % once
+rate = "-" if once is None else "%d" % (size / once / 1e6)
+print("%s | %s | %d | %s | %s | |" % (once_s, rate, tput, ready_s, total))
