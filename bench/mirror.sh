@@ -132,7 +132,7 @@ row() {
   local pct=""
   [ -n "${IDLE_IOPS:-}" ] && pct="$(( w * 100 / IDLE_IOPS ))%"
   local IFS='|'
-  echo "| $label | $w | $pct | $* |" | sed 's/|/ | /g; s/  */ /g'
+  echo "| $label | $w | $pct | $* |" | sed 's/|/ | /g; s/  */ /g; s/^ //; s/ $//'
 }
 
 # Reference: what a plain copy of another file of the same size to the
