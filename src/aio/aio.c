@@ -29,6 +29,14 @@ ssize_t coroutine_fn qk_co_host_pwritev(int fd, const struct iovec *iov, int iov
     return submit(&req);
 }
 
+ssize_t coroutine_fn qk_co_host_rw_direct(int fd, bool write, const struct iovec *iov, int iovcnt,
+                                          uint64_t off)
+{
+    QkAioReq req = {.op = write ? QK_AIO_WRITE : QK_AIO_READ, .fd = fd, .iov = iov, .iovcnt = iovcnt,
+                    .off = off, .direct = true};
+    return submit(&req);
+}
+
 int coroutine_fn qk_co_host_fdatasync(int fd)
 {
     QkAioReq req = {.op = QK_AIO_FDATASYNC, .fd = fd};

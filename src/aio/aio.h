@@ -6,6 +6,7 @@
 #ifndef QK_AIO_AIO_H
 #define QK_AIO_AIO_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -17,6 +18,11 @@ ssize_t coroutine_fn qk_co_host_pwritev(int fd, const struct iovec *iov, int iov
 int coroutine_fn qk_co_host_fdatasync(int fd);
 int coroutine_fn qk_co_host_fallocate(int fd, int mode, uint64_t off, uint64_t len);
 int coroutine_fn qk_co_host_ftruncate(int fd, uint64_t len);
+/* As qk_co_host_preadv/pwritev for an fd opened with O_DIRECT: such a
+ * transfer only queues to the device, so backends need not hand it to a
+ * worker thread however large it is. */
+ssize_t coroutine_fn qk_co_host_rw_direct(int fd, bool write, const struct iovec *iov, int iovcnt,
+                                          uint64_t off);
 
 /* Backend interface (internal). */
 typedef enum QkAioOp {
@@ -31,6 +37,7 @@ typedef struct QkAioReq {
     uint64_t off;
     uint64_t len;
     int mode;
+    bool direct;        /* fd has O_DIRECT */
     int64_t result;
     QkCoroutine *co;
     struct QkAioReq *next;

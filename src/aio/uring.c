@@ -15,14 +15,22 @@
 /* Buffered reads and writes io_uring can do without blocking run inside
  * io_uring_enter on the loop thread: a 1 MiB copy from the page cache holds
  * the loop (and every NBD request behind it) for a millisecond or more.
- * From this size on, requests go straight to the kernel's workers; below
- * it, running inline is cheaper than the hand-off. QCOWKIT_URING_ASYNC_MIN
- * overrides it (0: never) so the trade-off can be measured. */
-#define ASYNC_MIN_DEFAULT (128u << 10)
+ * Reads (and O_DIRECT writes) from ASYNC_MIN_READ bytes on go straight to
+ * the kernel's workers; below it running inline is cheaper than the
+ * hand-off. Buffered writes from 4 KiB on always go to the workers: the
+ * copy into the page cache then runs on the other CPU while the loop
+ * prepares the next requests (bench/suite.py workloads with
+ * cache=writeback, medians of 5 alternating runs: 4k random writes at
+ * depth 32 0.754 s instead of 1.008 s, 64k sequential 0.237 s instead of
+ * 0.331 s). QCOWKIT_URING_ASYNC_MIN and QCOWKIT_URING_ASYNC_MIN_WRITE
+ * override the two sizes (0: never) so the trade-off can be measured. */
+#define ASYNC_MIN_READ (128u << 10)
+#define ASYNC_MIN_WRITE 4096u
 
 typedef struct Uring {
     struct io_uring ring;
-    size_t async_min;
+    size_t async_min;       /* reads */
+    size_t async_min_write;
     QkAioReq *overflow_head, *overflow_tail; /* waiting for a free SQE */
     unsigned queued;    /* SQEs prepared but not submitted */
     unsigned in_flight; /* submitted, not completed */
@@ -50,12 +58,16 @@ static bool prep(Uring *u, QkAioReq *req)
     default:
         abort();
     }
-    if (u->async_min && (req->op == QK_AIO_READ || req->op == QK_AIO_WRITE)) {
+    size_t min = req->op == QK_AIO_READ                 ? u->async_min
+                 : req->op == QK_AIO_WRITE && !req->direct ? u->async_min_write
+                 : req->op == QK_AIO_WRITE                 ? u->async_min
+                                                           : 0;
+    if (min) {
         size_t len = 0;
         for (int i = 0; i < req->iovcnt; i++) {
             len += req->iov[i].iov_len;
         }
-        if (len >= u->async_min) {
+        if (len >= min) {
             io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
         }
     }
@@ -165,10 +177,15 @@ void *qk_uring_backend_new(QkAioBackend *ops, int *errno_out)
         free(u);
         return NULL;
     }
-    u->async_min = ASYNC_MIN_DEFAULT;
+    u->async_min = ASYNC_MIN_READ;
     const char *env = getenv("QCOWKIT_URING_ASYNC_MIN");
     if (env && *env) {
         u->async_min = (size_t)strtoull(env, NULL, 0);
+    }
+    u->async_min_write = ASYNC_MIN_WRITE;
+    env = getenv("QCOWKIT_URING_ASYNC_MIN_WRITE");
+    if (env && *env) {
+        u->async_min_write = (size_t)strtoull(env, NULL, 0);
     }
     ops->name = "io_uring";
     ops->queue = uring_queue;

@@ -114,8 +114,9 @@ static int coroutine_fn host_rw_full(FileState *s, uint64_t off, QkIov *q, bool 
             qk_iov_concat(&rest, q, done, q->size - done);
             cur = &rest;
         }
-        ssize_t n = write ? qk_co_host_pwritev(s->fd, cur->iov, cur->niov, off + done)
-                          : qk_co_host_preadv(s->fd, cur->iov, cur->niov, off + done);
+        ssize_t n = s->direct ? qk_co_host_rw_direct(s->fd, write, cur->iov, cur->niov, off + done)
+                    : write   ? qk_co_host_pwritev(s->fd, cur->iov, cur->niov, off + done)
+                              : qk_co_host_preadv(s->fd, cur->iov, cur->niov, off + done);
         if (done) {
             qk_iov_destroy(&rest);
         }
