@@ -109,6 +109,12 @@ qk_case() { # target-dir mode rescan [copy-priority] [chase-writes]
   [ -n "$once" ] && rate=$(python3 -c "print(round($bytes/$once/1e6))")
   [ -z "$ready" ] && { st=$(echo "$q" | field status); [ "$st" = ready ] && ready="after writer"; }
   local total="-"
+  # A background mirror the writes outpaced converges once they stop.
+  for _ in $(seq 120); do
+    [ "$(qctl query-jobs | field status)" = ready ] && break
+    sleep 0.25
+  done
+  q=$(qctl query-jobs)
   if [ "$(echo "$q" | field status)" = ready ]; then
     qctl job-complete id=m wait=true > "$work/done.json"
     total=$(python3 -c "print(round($(date +%s.%N)-$t0,1))")
