@@ -18,9 +18,9 @@ ssize_t coroutine_fn qk_co_host_pwritev(int fd, const struct iovec *iov, int iov
 int coroutine_fn qk_co_host_fdatasync(int fd);
 int coroutine_fn qk_co_host_fallocate(int fd, int mode, uint64_t off, uint64_t len);
 int coroutine_fn qk_co_host_ftruncate(int fd, uint64_t len);
-/* As qk_co_host_preadv/pwritev for an fd opened with O_DIRECT: such a
- * transfer only queues to the device, so backends need not hand it to a
- * worker thread however large it is. */
+/* As qk_co_host_preadv/pwritev for an fd opened with O_DIRECT, which
+ * copies nothing through the page cache: io_uring hands buffered writes to
+ * its workers, but not these. */
 ssize_t coroutine_fn qk_co_host_rw_direct(int fd, bool write, const struct iovec *iov, int iovcnt,
                                           uint64_t off);
 

@@ -378,10 +378,12 @@ static bool coroutine_fn dirty_step(Mirror *m, uint64_t *cursor)
         m->st.cursor_restarts++;
         *cursor = 0;
         if (m->o.mode == QK_MIRROR_BACKGROUND) {
-            /* A ready mirror need not chase every write as it lands:
-             * pausing between passes lets writes to the same chunks
-             * coalesce and leaves the CPUs to the writer. Completion
-             * copies what is left with writes held anyway. */
+            /* A background mirror need not chase every write as it
+             * lands: between passes the main loop waits while writes
+             * outpace the copy (wait_for_writes_to_slow), and a ready one
+             * pauses anyway, so writes to the same chunks coalesce and
+             * the CPUs stay with the writer. Completion copies what is
+             * left with writes held. */
             m->pass_pause = m->job.state == QK_JOB_READY;
             m->pass_end = true;
             return false;
@@ -564,6 +566,15 @@ static void release_bitmap(Mirror *m)
     }
 }
 
+/* Notes where a dirty pass starts, for wait_for_writes_to_slow. */
+static void pass_begin(Mirror *m)
+{
+    m->pass_start_ns = qk_clock_ns();
+    m->pass_start_done = m->job.bytes_done;
+    m->pass_start_marked = m->bm->marked_bytes;
+    m->pass_start_dirty = qk_dirty_bitmap_dirty_bytes(m->bm);
+}
+
 /* Called between dirty passes of a background mirror. While the guest
  * dirties chunks faster than half the rate the mirror copies them, another
  * pass cannot shrink the dirty set: it would only re-copy chunks the guest
@@ -600,10 +611,7 @@ static void coroutine_fn wait_for_writes_to_slow(Mirror *m)
         }
         measured = true;
     }
-    m->pass_start_ns = qk_clock_ns();
-    m->pass_start_done = m->job.bytes_done;
-    m->pass_start_marked = m->bm->marked_bytes;
-    m->pass_start_dirty = qk_dirty_bitmap_dirty_bytes(m->bm);
+    pass_begin(m);
 }
 
 static int coroutine_fn mirror_run(QkJob *job, QkError *err)
@@ -615,10 +623,7 @@ static int coroutine_fn mirror_run(QkJob *job, QkError *err)
     if (m->st.bulk_done_ns > job->start_ns) {
         m->bulk_rate = (uint64_t)((double)job->bytes_done * 1e9 / (double)(m->st.bulk_done_ns - job->start_ns));
     }
-    m->pass_start_ns = m->st.bulk_done_ns;
-    m->pass_start_done = job->bytes_done;
-    m->pass_start_marked = m->bm ? m->bm->marked_bytes : 0;
-    m->pass_start_dirty = m->bm ? qk_dirty_bitmap_dirty_bytes(m->bm) : 0;
+    pass_begin(m);
     update_progress(m);
     if (r == 0 && !should_stop(m) && m->o.mode == QK_MIRROR_WRITE_BLOCKING) {
         install_hook(m);
