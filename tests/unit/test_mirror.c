@@ -531,29 +531,6 @@ static void coroutine_fn test_walker(bool rescan)
  * dirties again; when the writes stop it converges. The ablation keeps
  * copying. The speed limit pins the copy rate so the test does not depend
  * on the machine. */
-typedef struct Hammer {
-    QkBlock *bs;
-    bool stop;
-    int running;
-    uint64_t writes;
-} Hammer;
-
-static void coroutine_fn hammer(void *opaque)
-{
-    Hammer *h = opaque;
-    uint8_t *buf = qk_aligned_alloc(4096, 4096);
-    memset(buf, 0x33, 4096);
-    uint64_t s = 99 + (uint64_t)h->running * 31;
-    while (!h->stop) {
-        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-        QK_CHECK_EQ(qk_co_pwrite(h->bs, ((s >> 33) % (SIZE / 4096)) * 4096, 4096, buf, 0), 0);
-        h->writes++;
-        qk_co_sleep_ns(100000);
-    }
-    free(buf);
-    h->running--;
-}
-
 static void coroutine_fn test_waits_for_writes(bool chase)
 {
     fprintf(stderr, "background under heavy writes, chase=%d\n", chase);
@@ -562,32 +539,30 @@ static void coroutine_fn test_waits_for_writes(bool chase)
         return;
     }
     seed_source(src);
-    Hammer h = {.bs = src};
-    for (int i = 0; i < 8; i++) {
-        h.running++;
-        qk_coroutine_wake(qk_coroutine_create(hammer, &h));
-    }
+    Writers w = {.pause_ns = 100000};
+    start_writers(&w, src, 8, rnd());
     QkError err = {0};
     QkMirrorOptions o = {.granularity = 65536, .speed = 32 * MiB, .chase_writes = chase};
     QkJob *job = qk_mirror_start(NULL, src, dst, &o, &err);
     QK_CHECK(job != NULL);
     if (!job) {
-        h.stop = true;
+        stop_writers(&w);
         return;
     }
     QkMirrorStats st0, st1;
     for (qk_mirror_get_stats(job, &st0); st0.bulk_done_ns == 0; qk_mirror_get_stats(job, &st0)) {
         qk_co_sleep_ns(2000000);
     }
-    /* Three seconds of writes far faster than the copy (thousands of 4 KiB
-     * writes a second, each dirtying a 64 KiB chunk; the copy moves 32 MiB/s). */
+    /* Three seconds of writes far faster than the copy (thousands of writes
+     * a second, each dirtying one or more 64 KiB chunks; the copy moves
+     * 32 MiB/s). */
     qk_co_sleep_ns(3000 * 1000000LL);
     qk_mirror_get_stats(job, &st1);
     uint64_t copied = (st1.chunks_submitted - st0.chunks_submitted) * 65536;
     fprintf(stderr, "  writes %llu, copied after the bulk pass %llu MiB, waited %lld ms\n",
-            (unsigned long long)h.writes, (unsigned long long)(copied / MiB),
+            (unsigned long long)w.writes, (unsigned long long)(copied / MiB),
             (long long)(st1.writer_wait_ns / 1000000));
-    QK_CHECK(h.writes > 3000);
+    QK_CHECK(w.writes > 3000);
     static uint64_t copied_waiting; /* by the run without chase, which goes first */
     if (chase) {
         QK_CHECK(copied > copied_waiting); /* it kept re-copying */
@@ -597,10 +572,7 @@ static void coroutine_fn test_waits_for_writes(bool chase)
         QK_CHECK(copied <= SIZE + 4 * MiB); /* at most one pass, then waiting */
         QK_CHECK(st1.writer_wait_ns >= 1000 * 1000000LL);
     }
-    h.stop = true;
-    while (h.running > 0) {
-        qk_co_sleep_ns(1000000);
-    }
+    stop_writers(&w);
     /* With the writes stopped the mirror converges and completes. */
     QK_CHECK(wait_state(job, QK_JOB_READY, 10 * 1000000000LL));
     QK_CHECK_EQ(qk_mirror_complete(job, false, &err), 0);
