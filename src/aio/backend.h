@@ -26,6 +26,32 @@ typedef struct QkAioBackend {
     int event_fd; /* readable in epoll when completions are ready */
 } QkAioBackend;
 
+/* Request lists linked through next, as the backends keep them. */
+static inline void qk_aio_list_append(QkAioReq **head, QkAioReq **tail, QkAioReq *req)
+{
+    req->next = NULL;
+    if (*tail) {
+        (*tail)->next = req;
+    } else {
+        *head = req;
+    }
+    *tail = req;
+}
+
+/* Turns a newest-first list (as pushed by a completing thread) into
+ * completion order. */
+static inline QkAioReq *qk_aio_list_reverse(QkAioReq *list)
+{
+    QkAioReq *rev = NULL;
+    while (list) {
+        QkAioReq *n = list->next;
+        list->next = rev;
+        rev = list;
+        list = n;
+    }
+    return rev;
+}
+
 /* Each returns a backend state or NULL, with *ops filled in. errno_out gets
  * the reason on failure. */
 void *qk_uring_backend_new(QkAioBackend *ops, int *errno_out);

@@ -113,13 +113,7 @@ out:
 static void threads_queue(void *st, QkAioReq *req)
 {
     Threads *t = st;
-    req->next = NULL;
-    if (t->local_tail) {
-        t->local_tail->next = req;
-    } else {
-        t->local_head = req;
-    }
-    t->local_tail = req;
+    qk_aio_list_append(&t->local_head, &t->local_tail, req);
     t->in_flight++;
 }
 
@@ -174,14 +168,7 @@ static unsigned threads_reap(void *st)
     QkAioReq *list = t->done;
     t->done = NULL;
     pthread_mutex_unlock(&t->lock);
-    /* Reverse into completion order. */
-    QkAioReq *rev = NULL;
-    while (list) {
-        QkAioReq *n = list->next;
-        list->next = rev;
-        rev = list;
-        list = n;
-    }
+    QkAioReq *rev = qk_aio_list_reverse(list);
     unsigned n = 0;
     while (rev) {
         QkAioReq *r = rev;

@@ -5,25 +5,28 @@
  */
 #include "aio/backend.h"
 #include "aio/coroutine.h"
+#include "aio/uring_writer.h"
 
 #include <errno.h>
 #include <liburing.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #define RING_ENTRIES 256
-/* Buffered reads and writes io_uring can do without blocking run inside
+/* Buffered reads io_uring can do without blocking run inside
  * io_uring_enter on the loop thread: a 1 MiB copy from the page cache holds
  * the loop (and every NBD request behind it) for a millisecond or more.
  * Reads (and O_DIRECT writes) from ASYNC_MIN_READ bytes on go straight to
  * the kernel's workers; below it running inline is cheaper than the
- * hand-off. Buffered writes from 4 KiB on always go to the workers: the
- * copy into the page cache then runs on the other CPU while the loop
- * prepares the next requests (bench/suite.py workloads with
- * cache=writeback, medians of 5 alternating runs: 4k random writes at
- * depth 32 0.754 s instead of 1.008 s, 64k sequential 0.237 s instead of
- * 0.331 s). QCOWKIT_URING_ASYNC_MIN and QCOWKIT_URING_ASYNC_MIN_WRITE
- * override the two sizes (0: never) so the trade-off can be measured. */
+ * hand-off. Buffered writes from ASYNC_MIN_WRITE bytes on go to the
+ * backend's writer thread (uring_writer.c), which copies them into the
+ * page cache on the other CPU while the loop prepares the next requests;
+ * if the kernel cannot post its results (no IORING_OP_MSG_RING) they go to
+ * io_uring's workers instead (IOSQE_ASYNC). QCOWKIT_URING_ASYNC_MIN and
+ * QCOWKIT_URING_ASYNC_MIN_WRITE override the two sizes (0: never), and
+ * QCOWKIT_URING_WRITER=0 sends buffered writes to io_uring's workers, so
+ * the trade-offs can be measured. */
 #define ASYNC_MIN_READ (128u << 10)
 #define ASYNC_MIN_WRITE 4096u
 
@@ -34,7 +37,20 @@ typedef struct Uring {
     QkAioReq *overflow_head, *overflow_tail; /* waiting for a free SQE */
     unsigned queued;    /* SQEs prepared but not submitted */
     unsigned in_flight; /* submitted, not completed */
+    bool use_writer;       /* buffered writes go to the writer thread */
+    QkUringWriter *writer; /* started on the first such write */
+    QkAioReq *wr_head, *wr_tail; /* for the writer, not handed over yet */
+    unsigned wr_queued;
 } Uring;
+
+static size_t req_len(const QkAioReq *req)
+{
+    size_t len = 0;
+    for (int i = 0; i < req->iovcnt; i++) {
+        len += req->iov[i].iov_len;
+    }
+    return len;
+}
 
 static bool prep(Uring *u, QkAioReq *req)
 {
@@ -62,18 +78,23 @@ static bool prep(Uring *u, QkAioReq *req)
                  : req->op == QK_AIO_WRITE && !req->direct ? u->async_min_write
                  : req->op == QK_AIO_WRITE                 ? u->async_min
                                                            : 0;
-    if (min) {
-        size_t len = 0;
-        for (int i = 0; i < req->iovcnt; i++) {
-            len += req->iov[i].iov_len;
-        }
-        if (len >= min) {
-            io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
-        }
+    if (min && req_len(req) >= min) {
+        io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
     }
     io_uring_sqe_set_data(sqe, req);
     u->queued++;
     return true;
+}
+
+/* Without the thread (it could not start) buffered writes go to io-wq. */
+static bool start_writer(Uring *u)
+{
+    if (!u->writer) {
+        int e = 0;
+        u->writer = qk_uring_writer_new(u->ring.ring_fd, (uint64_t)(uintptr_t)u, &e);
+        u->use_writer = u->writer != NULL;
+    }
+    return u->use_writer;
 }
 
 static void uring_queue(void *st, QkAioReq *req)
@@ -86,20 +107,26 @@ static void uring_queue(void *st, QkAioReq *req)
         qk_coroutine_wake(req->co);
         return;
     }
+    if (u->use_writer && req->op == QK_AIO_WRITE && !req->direct &&
+        req_len(req) >= u->async_min_write && start_writer(u)) {
+        qk_aio_list_append(&u->wr_head, &u->wr_tail, req);
+        u->wr_queued++;
+        return;
+    }
     if (u->overflow_head || !prep(u, req)) {
-        req->next = NULL;
-        if (u->overflow_tail) {
-            u->overflow_tail->next = req;
-        } else {
-            u->overflow_head = req;
-        }
-        u->overflow_tail = req;
+        qk_aio_list_append(&u->overflow_head, &u->overflow_tail, req);
     }
 }
 
 static unsigned uring_submit(void *st)
 {
     Uring *u = st;
+    if (u->wr_head) {
+        qk_uring_writer_push(u->writer, u->wr_head, u->wr_tail);
+        u->in_flight += u->wr_queued;
+        u->wr_head = u->wr_tail = NULL;
+        u->wr_queued = 0;
+    }
     for (;;) {
         if (u->queued) {
             int r = io_uring_submit(&u->ring);
@@ -135,6 +162,15 @@ static unsigned uring_reap(void *st)
         QkAioReq *req = io_uring_cqe_get_data(cqe);
         int64_t res = cqe->res;
         io_uring_cqe_seen(&u->ring, cqe);
+        if ((void *)req == (void *)u) { /* the writer's results */
+            for (QkAioReq *r = qk_uring_writer_take(u->writer), *next; r; r = next) {
+                next = r->next;
+                u->in_flight--;
+                n++;
+                qk_aio_complete(r, r->result);
+            }
+            continue;
+        }
         u->in_flight--;
         n++;
         qk_aio_complete(req, res);
@@ -160,6 +196,7 @@ static void uring_wait(void *st, int64_t timeout_ns)
 static void uring_destroy(void *st)
 {
     Uring *u = st;
+    qk_uring_writer_free(u->writer);
     io_uring_queue_exit(&u->ring);
     free(u);
 }
@@ -187,6 +224,8 @@ void *qk_uring_backend_new(QkAioBackend *ops, int *errno_out)
     if (env && *env) {
         u->async_min_write = (size_t)strtoull(env, NULL, 0);
     }
+    env = getenv("QCOWKIT_URING_WRITER");
+    u->use_writer = u->async_min_write && !(env && strcmp(env, "0") == 0) && qk_uring_writer_usable();
     ops->name = "io_uring";
     ops->queue = uring_queue;
     ops->submit = uring_submit;
