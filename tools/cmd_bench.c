@@ -21,7 +21,8 @@ static const char *const usage_text =
     "Usage: qcowkit bench [-c COUNT] [-d DEPTH] [-s SIZE] [-o OFFSET] [-S STEP] [-w]\n"
     "                     [-t CACHE] [-n] [-i AIO] [-f FMT] [-U] [-q]\n"
     "                     [--flush-interval N] [--no-drain] [--pattern BYTE]\n"
-    "                     [--output=human|json] [--strict-alloc-deps] FILE\n"
+    "                     [--output=human|json] [--strict-alloc-deps]\n"
+    "                     [--cache-size SIZE] FILE\n"
     "\n"
     "Sends COUNT requests of SIZE bytes, DEPTH in parallel, starting at OFFSET\n"
     "and advancing by STEP (wrapping inside the image). Reads unless -w.\n"
@@ -34,6 +35,9 @@ static const char *const usage_text =
     "  --output=json     print {requests, bytes_each, depth, seconds, iops,\n"
     "                    mb_per_s (10^6 bytes), latency_us {p50, p90, p99, max}}\n"
     "  --strict-alloc-deps  qcow2: every write to a cluster being allocated waits\n"
+    "  --cache-size SIZE qcow2: metadata cache (L2 tables and refcount blocks) of at\n"
+    "                    most SIZE bytes, as qemu's cache-size (default: enough\n"
+    "                    L2 tables to map the whole image, up to 32 MiB)\n"
     "  -q                do not print the two summary lines\n";
 
 /* Latency histogram: 64 sub-buckets per power of two of nanoseconds,
@@ -193,11 +197,12 @@ typedef struct BenchArgs {
     const char *aio;
     bool strict;
     bool force_share;
+    uint64_t cache_size;
 } BenchArgs;
 
 static int parse_args(int argc, char **argv, BenchArgs *a, const char **filename)
 {
-    enum { OPT_FLUSH = 256, OPT_NO_DRAIN, OPT_PATTERN, OPT_OUTPUT, OPT_STRICT };
+    enum { OPT_FLUSH = 256, OPT_NO_DRAIN, OPT_PATTERN, OPT_OUTPUT, OPT_STRICT, OPT_CACHE_SIZE };
     static const struct option longopts[] = {
         {"help", no_argument, NULL, 'h'},
         {"flush-interval", required_argument, NULL, OPT_FLUSH},
@@ -206,6 +211,7 @@ static int parse_args(int argc, char **argv, BenchArgs *a, const char **filename
         {"output", required_argument, NULL, OPT_OUTPUT},
         {"strict-alloc-deps", no_argument, NULL, OPT_STRICT},
         {"force-share", no_argument, NULL, 'U'},
+        {"cache-size", required_argument, NULL, OPT_CACHE_SIZE},
         {NULL, 0, NULL, 0},
     };
     const char *sfx = "You may use k, M, G, T, P or E suffixes for kilobytes, megabytes, "
@@ -277,6 +283,12 @@ static int parse_args(int argc, char **argv, BenchArgs *a, const char **filename
             }
             break;
         case OPT_STRICT: a->strict = true; break;
+        case OPT_CACHE_SIZE:
+            if (qk_parse_size(optarg, &a->cache_size) < 0 || a->cache_size == 0) {
+                qk_tool_error("Invalid cache size specified. %s", sfx);
+                return -1;
+            }
+            break;
         case 'h': fputs(usage_text, stdout); return 1;
         case ':':
             qk_tool_bad_usage("bench", "option '%s' needs an argument", argv[optind - 1]);
@@ -338,7 +350,7 @@ static int run(int argc, char **argv)
         return r > 0 ? 0 : 1;
     }
     QkOpenOptions o = {.flags = a.write ? QK_OPEN_RDWR : 0, .format = a.fmt,
-                       .strict_alloc_deps = a.strict};
+                       .strict_alloc_deps = a.strict, .cache_size = a.cache_size};
     if (a.force_share) {
         o.flags |= QK_OPEN_FORCE_SHARE;
     }

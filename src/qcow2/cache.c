@@ -112,6 +112,11 @@ Qcow2Cache *qcow2_cache_new(Qcow2State *s, unsigned entries)
     return c;
 }
 
+size_t qcow2_cache_bytes(const Qcow2Cache *c)
+{
+    return (size_t)c->n * c->table_size;
+}
+
 void qcow2_cache_free(Qcow2Cache *c)
 {
     if (!c) {

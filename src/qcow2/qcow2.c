@@ -6,10 +6,13 @@
 #include "qcow2/qcow2_int.h"
 #include "qcow2/snapshot_int.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define DEFAULT_L2_CACHE_MAX (32ULL << 20)
+#define MIN_L2_CACHE 2u
+#define MIN_RB_CACHE 4u
 
 static int qcow2_probe(const uint8_t *buf, size_t len)
 {
@@ -144,14 +147,27 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
 
     uint64_t l2_entries, rb_entries;
     if (opts->cache_size) {
-        l2_entries = opts->cache_size * 4 / 5 / s->cluster_size;
-        rb_entries = opts->cache_size / 5 / s->cluster_size;
+        /* A configured size is a bound: the tables never take more. A fifth
+         * goes to refcount blocks, the rest to L2 tables, with qemu's
+         * minimums (two L2 tables, four refcount blocks) so that a request
+         * never waits for a table only it could release. */
+        uint64_t all = opts->cache_size / s->cluster_size;
+        rb_entries = QK_MAX(all / 5, MIN_RB_CACHE);
+        if (all < rb_entries + MIN_L2_CACHE) {
+            r = qk_error_set(err, -EINVAL,
+                             "cache-size must be at least %" PRIu64 " bytes for this image "
+                             "(%u L2 tables and %u refcount blocks of %" PRIu64 " bytes)",
+                             (uint64_t)(MIN_L2_CACHE + MIN_RB_CACHE) * s->cluster_size, MIN_L2_CACHE,
+                             MIN_RB_CACHE, (uint64_t)s->cluster_size);
+            goto fail;
+        }
+        l2_entries = QK_MIN(all - rb_entries, QK_MAX(qcow2_l1_needed(s, s->h.size), MIN_L2_CACHE));
     } else {
         l2_entries = QK_MIN(qcow2_l1_needed(s, s->h.size), DEFAULT_L2_CACHE_MAX / s->cluster_size);
         rb_entries = l2_entries / 4;
+        l2_entries = QK_MAX(l2_entries, 16);
+        rb_entries = QK_MAX(rb_entries, 8);
     }
-    l2_entries = QK_MAX(l2_entries, 16);
-    rb_entries = QK_MAX(rb_entries, 8);
     s->l2_cache = qcow2_cache_new(s, (unsigned)QK_MIN(l2_entries, 1u << 20));
     s->rb_cache = qcow2_cache_new(s, (unsigned)QK_MIN(rb_entries, 1u << 20));
     s->zero_buf = qk_aligned_zalloc(QK_MAX(4096u, bs->mem_alignment), s->cluster_size);

@@ -223,6 +223,8 @@ void qcow2_header_to_be(const Qcow2Header *h, uint8_t *buf);
 
 /* cache.c */
 Qcow2Cache *qcow2_cache_new(Qcow2State *s, unsigned entries);
+/* Memory the cache's tables take (fixed when it is created). */
+size_t qcow2_cache_bytes(const Qcow2Cache *c);
 void qcow2_cache_free(Qcow2Cache *c);
 void qcow2_cache_set_dependency(Qcow2Cache *c, Qcow2Cache *dep);
 /* From now on c's tables are written only after dep's dirty tables (and,
