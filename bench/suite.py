@@ -375,7 +375,11 @@ set grid ytics
 set yrange [0:*]
 plot '%s' using 1:3:xtic(2) with boxes notitle, 1 with lines lc 'red' title 'qemu-img', 0.5 with lines lc 'green' title 'target 0.5'
 """ % (os.path.join(out, "ratios.png"), dat)
-    sh(["gnuplot", "-e", script])
+    # One command per line is a script file's syntax; -e wants them
+    # separated by semicolons.
+    p = sh(["gnuplot", "-e", "; ".join(l for l in script.splitlines() if l)])
+    if p.returncode != 0:
+        print("gnuplot failed, no plot: %s" % p.stdout.strip(), file=sys.stderr)
 
 
 if __name__ == "__main__":
