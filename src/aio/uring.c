@@ -38,7 +38,7 @@ typedef struct Uring {
     unsigned queued;    /* SQEs prepared but not submitted */
     unsigned in_flight; /* submitted, not completed */
     bool use_writer;       /* buffered writes go to the writer thread */
-    QkUringWriter *writer; /* started on the first such write */
+    QkUringWriter *writer;
     QkAioReq *wr_head, *wr_tail; /* for the writer, not handed over yet */
     unsigned wr_queued;
 } Uring;
@@ -86,12 +86,16 @@ static bool prep(Uring *u, QkAioReq *req)
     return true;
 }
 
-/* Without the thread (it could not start) buffered writes go to io-wq. */
+/* Started on the first buffered write, so loops that never make one pay
+ * nothing. Without it (no IORING_OP_MSG_RING, or no thread) buffered
+ * writes go to io-wq. */
 static bool start_writer(Uring *u)
 {
     if (!u->writer) {
         int e = 0;
-        u->writer = qk_uring_writer_new(u->ring.ring_fd, (uint64_t)(uintptr_t)u, &e);
+        u->writer = qk_uring_writer_usable()
+                        ? qk_uring_writer_new(u->ring.ring_fd, (uint64_t)(uintptr_t)u, &e)
+                        : NULL;
         u->use_writer = u->writer != NULL;
     }
     return u->use_writer;
@@ -225,7 +229,7 @@ void *qk_uring_backend_new(QkAioBackend *ops, int *errno_out)
         u->async_min_write = (size_t)strtoull(env, NULL, 0);
     }
     env = getenv("QCOWKIT_URING_WRITER");
-    u->use_writer = u->async_min_write && !(env && strcmp(env, "0") == 0) && qk_uring_writer_usable();
+    u->use_writer = u->async_min_write && !(env && strcmp(env, "0") == 0);
     ops->name = "io_uring";
     ops->queue = uring_queue;
     ops->submit = uring_submit;
