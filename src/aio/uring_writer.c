@@ -27,8 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Finished writes per wake-up of the loop while more are queued (the
- * queue's end always wakes it). */
+/* Most finished writes per wake-up of the loop. */
 #define NOTIFY_EVERY 16
 /* Buffers in one merged write. */
 #define MERGE_IOV 64
@@ -191,17 +190,14 @@ static void *writer_main(void *arg)
             unsigned outstanding = __atomic_sub_fetch(&w->outstanding, done, __ATOMIC_RELAXED);
             /* Wake the loop once half of what it handed over is done, so it
              * refills the queue while the rest is written instead of both
-             * threads taking turns to sleep; and when the queue runs out. */
-            if (pending >= NOTIFY_EVERY || pending >= outstanding ||
-                (!list && !__atomic_load_n(&w->head, __ATOMIC_RELAXED))) {
+             * threads taking turns to sleep. This includes the queue's end
+             * (nothing outstanding: push counts before it appends). */
+            if (pending >= NOTIFY_EVERY || pending >= outstanding) {
                 notify(w);
                 pending = 0;
             }
         }
         pthread_mutex_lock(&w->lock);
-        if (pending && !w->head) {
-            notify(w);
-        }
     }
     pthread_mutex_unlock(&w->lock);
     return NULL;
