@@ -24,7 +24,7 @@ static const char usage[] =
     "reply is an error.\n"
     "\n"
     "Commands: query-exports, export-add name=N file=F [format=F] [readonly=true]\n"
-    "          [cache=MODE], export-del name=N, query-jobs, quit\n";
+    "          [cache=MODE] [cache-size=SIZE], export-del name=N, query-jobs, quit\n";
 
 static json_t *auto_value(const char *v)
 {

@@ -13,6 +13,7 @@
 static const char usage[] =
     "Usage: qcowkit serve --export name=NAME,file=PATH[,format=qcow2|raw][,readonly=on]\n"
     "                     [,cache=none|writeback|writethrough|directsync|unsafe]\n"
+    "                     [,cache-size=SIZE]\n"
     "                     [--export ...] [--socket PATH | --bind ADDR [--port N]]\n"
     "                     [--control PATH] [--pidfile FILE] [--max-in-flight N]\n"
     "\n"
@@ -22,7 +23,8 @@ static const char usage[] =
     "takes one JSON object per line, e.g. {\"execute\": \"query-exports\"}; see\n"
     "'qcowkit help ctl'.\n"
     "\n"
-    "  --export SPEC      an image to export (repeatable); a comma in a value is ',,'\n"
+    "  --export SPEC      an image to export (repeatable); a comma in a value is ',,';\n"
+    "                     cache-size bounds a qcow2 image's metadata cache\n"
     "  --socket PATH      listen on a unix socket\n"
     "  --bind ADDR        listen on TCP at ADDR (port 10809 unless --port)\n"
     "  --port N           TCP port\n"

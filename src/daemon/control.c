@@ -4,6 +4,7 @@
  * one reply per line. See control.h.
  */
 #include "daemon/control.h"
+#include "util/size.h"
 #include "aio/co_sync.h"
 #include "aio/loop.h"
 #include "nbd/sockio.h"
@@ -141,6 +142,22 @@ int qk_control_arg_string(json_t *args, const char *key, bool required, const ch
     }
     *out = json_string_value(v);
     return 0;
+}
+
+int qk_control_arg_size(json_t *args, const char *key, uint64_t *out, QkError *err)
+{
+    json_t *v = json_object_get(args, key);
+    if (!v) {
+        return 0;
+    }
+    if (json_is_integer(v) && json_integer_value(v) >= 0) {
+        *out = (uint64_t)json_integer_value(v);
+        return 0;
+    }
+    if (json_is_string(v) && qk_parse_size(json_string_value(v), out) == 0) {
+        return 0;
+    }
+    return qk_error_set(err, -EINVAL, "Parameter '%s' expects a size", key);
 }
 
 int qk_control_arg_bool(json_t *args, const char *key, bool *out, QkError *err)

@@ -59,6 +59,9 @@ json_t *coroutine_fn qk_co_control_execute(QkDaemon *d, const char *line, size_t
  * type checking. Return 0, or -EINVAL with err set ("Parameter 'x' ..."). */
 int qk_control_arg_string(json_t *args, const char *key, bool required, const char **out,
                           QkError *err);
+/* Accepts a non-negative JSON integer or a size string ("64k", "1G");
+ * leaves *out alone when the member is absent. */
+int qk_control_arg_size(json_t *args, const char *key, uint64_t *out, QkError *err);
 /* Accepts JSON booleans and the strings on/off/true/false. */
 int qk_control_arg_bool(json_t *args, const char *key, bool *out, QkError *err);
 

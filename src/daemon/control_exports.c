@@ -43,7 +43,8 @@ static json_t *coroutine_fn cmd_export_add(QkDaemon *d, json_t *args, QkError *e
         qk_control_arg_string(args, "format", false, &format, err) < 0 ||
         qk_control_arg_string(args, "cache", false, &cache, err) < 0 ||
         qk_control_arg_string(args, "description", false, &desc, err) < 0 ||
-        qk_control_arg_bool(args, "readonly", &spec.readonly, err) < 0) {
+        qk_control_arg_bool(args, "readonly", &spec.readonly, err) < 0 ||
+        qk_control_arg_size(args, "cache-size", &spec.cache_size, err) < 0) {
         return NULL;
     }
     /* The spec only borrows these strings for the call. */
@@ -71,7 +72,8 @@ static json_t *coroutine_fn cmd_export_del(QkDaemon *d, json_t *args, QkError *e
     return json_object();
 }
 
-static const char *const add_params[] = {"name", "file", "format", "readonly", "cache", "description", NULL};
+static const char *const add_params[] = {"name",        "file",       "format", "readonly", "cache",
+                                         "description", "cache-size", NULL};
 static const char *const del_params[] = {"name", NULL};
 
 static const QkControlCommand cmds[] = {

@@ -53,22 +53,6 @@ static void ctx_free(JobCtx *c)
 }
 
 /* Integers, or size strings such as "64k". */
-static int arg_size(json_t *args, const char *key, uint64_t *out, QkError *err)
-{
-    json_t *v = json_object_get(args, key);
-    if (!v) {
-        return 0;
-    }
-    if (json_is_integer(v) && json_integer_value(v) >= 0) {
-        *out = (uint64_t)json_integer_value(v);
-        return 0;
-    }
-    if (json_is_string(v) && qk_parse_size(json_string_value(v), out) == 0) {
-        return 0;
-    }
-    return qk_error_set(err, -EINVAL, "Parameter '%s' expects a size", key);
-}
-
 static QkJob *find_job(json_t *args, QkError *err)
 {
     const char *id;
@@ -117,11 +101,11 @@ static json_t *coroutine_fn cmd_mirror_start(QkDaemon *d, json_t *args, QkError 
         qk_control_arg_string(args, "id", false, &id, err) < 0 ||
         qk_control_arg_string(args, "mode", false, &mode, err) < 0 ||
         qk_control_arg_string(args, "copy-priority", false, &prio, err) < 0 ||
-        arg_size(args, "speed", &o.speed, err) < 0 ||
-        arg_size(args, "granularity", &o.granularity, err) < 0 ||
-        arg_size(args, "buf-size", &o.buf_size, err) < 0 ||
-        arg_size(args, "max-in-flight", &in_flight, err) < 0 ||
-        arg_size(args, "ready-threshold", &o.ready_threshold, err) < 0 ||
+        qk_control_arg_size(args, "speed", &o.speed, err) < 0 ||
+        qk_control_arg_size(args, "granularity", &o.granularity, err) < 0 ||
+        qk_control_arg_size(args, "buf-size", &o.buf_size, err) < 0 ||
+        qk_control_arg_size(args, "max-in-flight", &in_flight, err) < 0 ||
+        qk_control_arg_size(args, "ready-threshold", &o.ready_threshold, err) < 0 ||
         qk_control_arg_bool(args, "rescan-per-chunk", &o.rescan_per_chunk, err) < 0 ||
         qk_control_arg_bool(args, "chase-writes", &o.chase_writes, err) < 0) {
         return NULL;
@@ -299,7 +283,7 @@ static json_t *coroutine_fn cmd_job_set_speed(QkDaemon *d, json_t *args, QkError
         qk_error_set(err, -EINVAL, "Parameter 'speed' is missing");
         return NULL;
     }
-    if (arg_size(args, "speed", &speed, err) < 0) {
+    if (qk_control_arg_size(args, "speed", &speed, err) < 0) {
         return NULL;
     }
     qk_job_set_speed(job, speed);

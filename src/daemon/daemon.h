@@ -24,6 +24,7 @@ typedef struct QkExportSpec {
     char *cache;          /* NULL: writeback */
     char *description;
     bool readonly;
+    uint64_t cache_size;  /* qcow2 metadata cache bound in bytes; 0: default */
 } QkExportSpec;
 
 int qk_export_spec_parse(const char *text, QkExportSpec *out, QkError *err);

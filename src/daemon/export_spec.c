@@ -5,6 +5,7 @@
  * Owns: the spec syntax. Must not open anything.
  */
 #include "daemon/daemon.h"
+#include "util/size.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -79,6 +80,11 @@ int qk_export_spec_parse(const char *text, QkExportSpec *out, QkError *err)
             slot = &out->cache;
         } else if (!strcmp(item, "description")) {
             slot = &out->description;
+        } else if (!strcmp(item, "cache-size")) {
+            if (!val || qk_parse_size(val, &out->cache_size) < 0 || out->cache_size == 0) {
+                r = qk_error_set(err, -EINVAL, "cache-size expects a size, not '%s'", val ? val : "");
+            }
+            continue;
         } else if (!strcmp(item, "readonly")) {
             if (parse_bool(val, &out->readonly) < 0) {
                 r = qk_error_set(err, -EINVAL, "readonly expects on or off, not '%s'", val);
