@@ -20,7 +20,7 @@
  * Reads (and O_DIRECT writes) from ASYNC_MIN_READ bytes on go straight to
  * the kernel's workers; below it running inline is cheaper than the
  * hand-off. Buffered writes from ASYNC_MIN_WRITE bytes on go to the
- * backend's writer thread (uring_writer.c), which copies them into the
+ * backend's writer threads (uring_writer.c), which copy them into the
  * page cache on the other CPU while the loop prepares the next requests;
  * if the kernel cannot post its results (no IORING_OP_MSG_RING) they go to
  * io_uring's workers instead (IOSQE_ASYNC). QCOWKIT_URING_ASYNC_MIN and
@@ -30,6 +30,19 @@
 #define ASYNC_MIN_READ (128u << 10)
 #define ASYNC_MIN_WRITE 4096u
 
+/* One writer thread per file written (by descriptor), so writes to
+ * different files run side by side as before and one file's slow write
+ * (dirty-page throttling) does not hold up another's; files past
+ * MAX_WRITERS go to io-wq. */
+#define MAX_WRITERS 8
+
+typedef struct WriterSlot {
+    int fd;
+    QkUringWriter *w;
+    QkAioReq *head, *tail; /* for the writer, not handed over yet */
+    unsigned queued;
+} WriterSlot;
+
 typedef struct Uring {
     struct io_uring ring;
     size_t async_min;       /* reads */
@@ -37,10 +50,10 @@ typedef struct Uring {
     QkAioReq *overflow_head, *overflow_tail; /* waiting for a free SQE */
     unsigned queued;    /* SQEs prepared but not submitted */
     unsigned in_flight; /* submitted, not completed */
-    bool use_writer;       /* buffered writes go to the writer thread */
-    QkUringWriter *writer;
-    QkAioReq *wr_head, *wr_tail; /* for the writer, not handed over yet */
-    unsigned wr_queued;
+    bool use_writer; /* buffered writes go to writer threads */
+    int probed;      /* 0: not yet; 1: the kernel has MSG_RING; -1: it has not */
+    WriterSlot writers[MAX_WRITERS];
+    unsigned nwriters;
 } Uring;
 
 static size_t req_len(const QkAioReq *req)
@@ -86,19 +99,36 @@ static bool prep(Uring *u, QkAioReq *req)
     return true;
 }
 
-/* Started on the first buffered write, so loops that never make one pay
- * nothing. Without it (no IORING_OP_MSG_RING, or no thread) buffered
- * writes go to io-wq. */
-static bool start_writer(Uring *u)
+/* The writer for req's file, started on its first buffered write so that
+ * loops and files that never make one pay nothing; NULL sends the write
+ * to io-wq (no IORING_OP_MSG_RING, no thread, or too many files). The
+ * writer's results message carries its address with the low bit set,
+ * which no request address has. */
+static WriterSlot *writer_for(Uring *u, const QkAioReq *req)
 {
-    if (!u->writer) {
-        int e = 0;
-        u->writer = qk_uring_writer_usable()
-                        ? qk_uring_writer_new(u->ring.ring_fd, (uint64_t)(uintptr_t)u, &e)
-                        : NULL;
-        u->use_writer = u->writer != NULL;
+    for (unsigned i = 0; i < u->nwriters; i++) {
+        if (u->writers[i].fd == req->fd) {
+            return &u->writers[i];
+        }
     }
-    return u->use_writer;
+    if (u->probed == 0) {
+        u->probed = qk_uring_writer_usable() ? 1 : -1;
+    }
+    if (u->probed < 0 || u->nwriters == MAX_WRITERS) {
+        return NULL;
+    }
+    WriterSlot *ws = &u->writers[u->nwriters];
+    int e = 0;
+    ws->w = qk_uring_writer_new(u->ring.ring_fd, &e);
+    if (!ws->w) {
+        u->use_writer = false; /* out of threads: stop trying */
+        return NULL;
+    }
+    ws->fd = req->fd;
+    ws->head = ws->tail = NULL;
+    ws->queued = 0;
+    u->nwriters++;
+    return ws;
 }
 
 static void uring_queue(void *st, QkAioReq *req)
@@ -112,10 +142,13 @@ static void uring_queue(void *st, QkAioReq *req)
         return;
     }
     if (u->use_writer && req->op == QK_AIO_WRITE && !req->direct &&
-        req_len(req) >= u->async_min_write && start_writer(u)) {
-        qk_aio_list_append(&u->wr_head, &u->wr_tail, req);
-        u->wr_queued++;
-        return;
+        req_len(req) >= u->async_min_write) {
+        WriterSlot *ws = writer_for(u, req);
+        if (ws) {
+            qk_aio_list_append(&ws->head, &ws->tail, req);
+            ws->queued++;
+            return;
+        }
     }
     if (u->overflow_head || !prep(u, req)) {
         qk_aio_list_append(&u->overflow_head, &u->overflow_tail, req);
@@ -125,11 +158,14 @@ static void uring_queue(void *st, QkAioReq *req)
 static unsigned uring_submit(void *st)
 {
     Uring *u = st;
-    if (u->wr_head) {
-        qk_uring_writer_push(u->writer, u->wr_head, u->wr_tail);
-        u->in_flight += u->wr_queued;
-        u->wr_head = u->wr_tail = NULL;
-        u->wr_queued = 0;
+    for (unsigned i = 0; i < u->nwriters; i++) {
+        WriterSlot *ws = &u->writers[i];
+        if (ws->head) {
+            qk_uring_writer_push(ws->w, ws->head, ws->tail);
+            u->in_flight += ws->queued;
+            ws->head = ws->tail = NULL;
+            ws->queued = 0;
+        }
     }
     for (;;) {
         if (u->queued) {
@@ -166,8 +202,9 @@ static unsigned uring_reap(void *st)
         QkAioReq *req = io_uring_cqe_get_data(cqe);
         int64_t res = cqe->res;
         io_uring_cqe_seen(&u->ring, cqe);
-        if ((void *)req == (void *)u) { /* the writer's results */
-            for (QkAioReq *r = qk_uring_writer_take(u->writer), *next; r; r = next) {
+        if ((uintptr_t)req & 1) { /* a writer's results */
+            QkUringWriter *w = (QkUringWriter *)((uintptr_t)req & ~(uintptr_t)1);
+            for (QkAioReq *r = qk_uring_writer_take(w), *next; r; r = next) {
                 next = r->next;
                 u->in_flight--;
                 n++;
@@ -200,7 +237,9 @@ static void uring_wait(void *st, int64_t timeout_ns)
 static void uring_destroy(void *st)
 {
     Uring *u = st;
-    qk_uring_writer_free(u->writer);
+    for (unsigned i = 0; i < u->nwriters; i++) {
+        qk_uring_writer_free(u->writers[i].w);
+    }
     io_uring_queue_exit(&u->ring);
     free(u);
 }

@@ -42,7 +42,8 @@ struct QkUringWriter {
     unsigned outstanding; /* handed over, not finished; atomic */
     pthread_t thread;
     int target_fd;     /* the loop's ring */
-    uint64_t tag;      /* user_data of the "results ready" message */
+    uint64_t tag;      /* user_data of the "results ready" message: this
+                          writer's address with the low bit set */
     QkAioReq *done;    /* finished, newest first; atomic */
     bool notified;     /* a message is on its way and the loop has not
                           taken the list since; atomic */
@@ -222,7 +223,7 @@ bool qk_uring_writer_usable(void)
     return ok;
 }
 
-QkUringWriter *qk_uring_writer_new(int target_ring_fd, uint64_t tag, int *errno_out)
+QkUringWriter *qk_uring_writer_new(int target_ring_fd, int *errno_out)
 {
     QkUringWriter *w = calloc(1, sizeof(*w));
     if (!w) {
@@ -236,7 +237,7 @@ QkUringWriter *qk_uring_writer_new(int target_ring_fd, uint64_t tag, int *errno_
         return NULL;
     }
     w->target_fd = target_ring_fd;
-    w->tag = tag;
+    w->tag = (uint64_t)(uintptr_t)w | 1;
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->cond, NULL);
     pthread_attr_t attr;

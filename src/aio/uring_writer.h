@@ -13,10 +13,11 @@ typedef struct QkUringWriter QkUringWriter;
 
 /* Whether the kernel can post completions from one ring to another. */
 bool qk_uring_writer_usable(void);
-/* Starts the thread. When results are ready it posts one completion with
- * user_data = tag to the ring whose fd is target_ring_fd; the loop then
+/* Starts the thread. When results are ready it posts one completion to the
+ * ring whose fd is target_ring_fd, with user_data = the writer's address
+ * with the low bit set (request addresses never have it); the loop then
  * calls qk_uring_writer_take. */
-QkUringWriter *qk_uring_writer_new(int target_ring_fd, uint64_t tag, int *errno_out);
+QkUringWriter *qk_uring_writer_new(int target_ring_fd, int *errno_out);
 /* Hands over a list of buffered writes (linked by next, head to tail). */
 void qk_uring_writer_push(QkUringWriter *w, QkAioReq *head, QkAioReq *tail);
 /* The finished writes (req->result set), oldest first, linked by next. */

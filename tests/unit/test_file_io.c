@@ -195,6 +195,67 @@ static void coroutine_fn background_co(void *opaque)
     qk_co_block_close(b);
 }
 
+/* Buffered writes to many files at once, in runs of adjacent 8 KiB
+ * writes: the io_uring backend gives each of the first files a writer
+ * thread of its own and sends the rest to io_uring's workers. */
+#define NFILES 11
+#define PER_FILE 24
+static QkBlock *many[NFILES];
+typedef struct MW {
+    int file;
+    int i;
+} MW;
+
+static void coroutine_fn many_write_co(void *opaque)
+{
+    MW *w = opaque;
+    unsigned char buf[8192];
+    memset(buf, 1 + (w->file * PER_FILE + w->i) % 250, sizeof(buf));
+    QK_CHECK_EQ(qk_co_pwrite(many[w->file], (uint64_t)w->i * sizeof(buf), sizeof(buf), buf, 0), 0);
+    outstanding--;
+}
+
+static void many_files(const char *dir)
+{
+    char path[NFILES][4096];
+    static MW ws[NFILES * PER_FILE];
+    for (int f = 0; f < NFILES; f++) {
+        snprintf(path[f], sizeof(path[f]), "%s/many-%d.raw", dir, f);
+        int fd = open(path[f], O_RDWR | O_CREAT | O_TRUNC, 0644);
+        QK_CHECK(fd >= 0 && ftruncate(fd, PER_FILE * 8192) == 0);
+        close(fd);
+        QkError err = {0};
+        QkOpenOptions o = {.flags = QK_OPEN_RDWR, .format = "raw"};
+        many[f] = qk_block_open(path[f], &o, &err);
+        QK_CHECK(many[f] != NULL);
+    }
+    outstanding = NFILES * PER_FILE;
+    for (int i = 0; i < PER_FILE; i++) {
+        for (int f = 0; f < NFILES; f++) {
+            MW *w = &ws[i * NFILES + f];
+            w->file = f;
+            w->i = i;
+            qk_coroutine_enter(qk_coroutine_create(many_write_co, w));
+        }
+    }
+    QkLoop *loop = qk_loop_get();
+    while (outstanding) {
+        qk_loop_run_once(loop, true);
+    }
+    for (int f = 0; f < NFILES; f++) {
+        qk_block_close(many[f]);
+        int fd = open(path[f], O_RDONLY);
+        unsigned char buf[8192];
+        for (int i = 0; i < PER_FILE; i++) {
+            QK_CHECK_EQ(pread(fd, buf, sizeof(buf), (off_t)i * (off_t)sizeof(buf)), (ssize_t)sizeof(buf));
+            QK_CHECK_EQ(buf[0], 1 + (f * PER_FILE + i) % 250);
+            QK_CHECK_EQ(buf[sizeof(buf) - 1], 1 + (f * PER_FILE + i) % 250);
+        }
+        close(fd);
+        unlink(path[f]);
+    }
+}
+
 int main(void)
 {
     char path[4096];
@@ -216,6 +277,7 @@ int main(void)
         qk_co_run(read_back_co, path);
     }
     qk_co_run(background_co, path);
+    many_files(dir ? dir : ".");
     QkError err = {0};
     QkOpenOptions o = {.format = "raw"};
     QK_CHECK(qk_block_open("/nonexistent/x", &o, &err) == NULL);

@@ -19,13 +19,13 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#define TAG 0x5157u
 #define MAXREQ 512
 
 static struct io_uring ring;
 static QkAioReq reqs[MAXREQ];
 static struct iovec iovs[MAXREQ][2];
 static int seen[MAXREQ];
+static uint64_t tag; /* what the writer's messages carry: its address | 1 */
 
 /* Waits for messages until `want` requests have come back; returns how many
  * came back (more than `want` would be a bug the caller checks). */
@@ -39,7 +39,7 @@ static int collect(QkUringWriter *w, int want)
             fprintf(stderr, "timed out with %d of %d results\n", got, want);
             break;
         }
-        QK_CHECK_EQ(cqe->user_data, TAG);
+        QK_CHECK_EQ(cqe->user_data, tag);
         io_uring_cqe_seen(&ring, cqe);
         for (QkAioReq *r = qk_uring_writer_take(w); r; r = r->next) {
             int i = (int)(r - reqs);
@@ -84,8 +84,9 @@ int main(void)
     QK_CHECK(fd >= 0);
     unlink(path);
     int e = 0;
-    QkUringWriter *w = qk_uring_writer_new(ring.ring_fd, TAG, &e);
+    QkUringWriter *w = qk_uring_writer_new(ring.ring_fd, &e);
     QK_CHECK(w != NULL);
+    tag = (uint64_t)(uintptr_t)w | 1;
 
     /* 1. A sequential run (merged), scattered writes, two-buffer requests,
      * pushed in three hand-overs while the writer works. */
@@ -177,7 +178,7 @@ int main(void)
     int got = 0;
     struct io_uring_cqe *cqe;
     while (io_uring_peek_cqe(&ring, &cqe) == 0) {
-        QK_CHECK_EQ(cqe->user_data, TAG);
+        QK_CHECK_EQ(cqe->user_data, tag);
         io_uring_cqe_seen(&ring, cqe);
         got++;
     }
