@@ -53,9 +53,12 @@ struct QkUringWriter {
 static void push_done(QkUringWriter *w, QkAioReq *req)
 {
     QkAioReq *old = __atomic_load_n(&w->done, __ATOMIC_RELAXED);
+    /* Acquire as well: after seeing a list the loop emptied, the exchange
+     * on `notified` in notify() must see the loop's reset that came before
+     * (otherwise a result could wait for a message nobody sends). */
     do {
         req->next = old;
-    } while (!__atomic_compare_exchange_n(&w->done, &old, req, true, __ATOMIC_RELEASE,
+    } while (!__atomic_compare_exchange_n(&w->done, &old, req, true, __ATOMIC_ACQ_REL,
                                           __ATOMIC_RELAXED));
 }
 
