@@ -10,7 +10,6 @@
 #include "daemon/control.h"
 #include "aio/loop.h"
 #include "jobs/mirror.h"
-#include "util/size.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -52,7 +51,6 @@ static void ctx_free(JobCtx *c)
     free(c);
 }
 
-/* Integers, or size strings such as "64k". */
 static QkJob *find_job(json_t *args, QkError *err)
 {
     const char *id;
