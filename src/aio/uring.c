@@ -40,7 +40,6 @@ typedef struct WriterSlot {
     int fd;
     QkUringWriter *w;
     QkAioReq *head, *tail; /* for the writer, not handed over yet */
-    unsigned queued;
 } WriterSlot;
 
 typedef struct Uring {
@@ -51,7 +50,6 @@ typedef struct Uring {
     unsigned queued;    /* SQEs prepared but not submitted */
     unsigned in_flight; /* submitted, not completed */
     bool use_writer; /* buffered writes go to writer threads */
-    int probed;      /* 0: not yet; 1: the kernel has MSG_RING; -1: it has not */
     WriterSlot writers[MAX_WRITERS];
     unsigned nwriters;
 } Uring;
@@ -111,10 +109,11 @@ static WriterSlot *writer_for(Uring *u, const QkAioReq *req)
             return &u->writers[i];
         }
     }
-    if (u->probed == 0) {
-        u->probed = qk_uring_writer_usable() ? 1 : -1;
+    if (u->nwriters == 0 && !qk_uring_writer_usable()) {
+        u->use_writer = false;
+        return NULL;
     }
-    if (u->probed < 0 || u->nwriters == MAX_WRITERS) {
+    if (u->nwriters == MAX_WRITERS) {
         return NULL;
     }
     WriterSlot *ws = &u->writers[u->nwriters];
@@ -126,7 +125,6 @@ static WriterSlot *writer_for(Uring *u, const QkAioReq *req)
     }
     ws->fd = req->fd;
     ws->head = ws->tail = NULL;
-    ws->queued = 0;
     u->nwriters++;
     return ws;
 }
@@ -146,7 +144,6 @@ static void uring_queue(void *st, QkAioReq *req)
         WriterSlot *ws = writer_for(u, req);
         if (ws) {
             qk_aio_list_append(&ws->head, &ws->tail, req);
-            ws->queued++;
             return;
         }
     }
@@ -161,10 +158,8 @@ static unsigned uring_submit(void *st)
     for (unsigned i = 0; i < u->nwriters; i++) {
         WriterSlot *ws = &u->writers[i];
         if (ws->head) {
-            qk_uring_writer_push(ws->w, ws->head, ws->tail);
-            u->in_flight += ws->queued;
+            u->in_flight += qk_uring_writer_push(ws->w, ws->head, ws->tail);
             ws->head = ws->tail = NULL;
-            ws->queued = 0;
         }
     }
     for (;;) {

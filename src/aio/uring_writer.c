@@ -259,7 +259,7 @@ QkUringWriter *qk_uring_writer_new(int target_ring_fd, int *errno_out)
     return w;
 }
 
-void qk_uring_writer_push(QkUringWriter *w, QkAioReq *head, QkAioReq *tail)
+unsigned qk_uring_writer_push(QkUringWriter *w, QkAioReq *head, QkAioReq *tail)
 {
     tail->next = NULL;
     unsigned n = 0;
@@ -279,6 +279,7 @@ void qk_uring_writer_push(QkUringWriter *w, QkAioReq *head, QkAioReq *tail)
     if (wake) {
         pthread_cond_signal(&w->cond);
     }
+    return n;
 }
 
 void qk_uring_writer_free(QkUringWriter *w)

@@ -18,8 +18,9 @@ bool qk_uring_writer_usable(void);
  * with the low bit set (request addresses never have it); the loop then
  * calls qk_uring_writer_take. */
 QkUringWriter *qk_uring_writer_new(int target_ring_fd, int *errno_out);
-/* Hands over a list of buffered writes (linked by next, head to tail). */
-void qk_uring_writer_push(QkUringWriter *w, QkAioReq *head, QkAioReq *tail);
+/* Hands over a list of buffered writes (linked by next, head to tail);
+ * returns how many. */
+unsigned qk_uring_writer_push(QkUringWriter *w, QkAioReq *head, QkAioReq *tail);
 /* The finished writes (req->result set), oldest first, linked by next. */
 QkAioReq *qk_uring_writer_take(QkUringWriter *w);
 /* Finishes the writes handed over, delivers their results, and stops. */
