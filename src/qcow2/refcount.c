@@ -284,8 +284,12 @@ static int coroutine_fn alloc_block(Qcow2State *s, uint64_t ti)
             qcow2_rb_set(s, blk, b & rb_mask(s), 1);
         }
         qcow2_cache_mark_dirty(s->rb_cache, blk);
-        r = qcow2_cache_write_one(s->rb_cache, blk);
         qcow2_cache_put(s->rb_cache, &blk);
+        /* The table entry makes b a refcount block: every count it relies
+         * on must be on disk first, the new block and, when b is counted
+         * by another block, that block's increment too (a crash in
+         * between would leave the block referenced with refcount 0). */
+        r = qcow2_cache_flush(s->rb_cache);
         if (r < 0) {
             return r;
         }
