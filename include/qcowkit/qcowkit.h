@@ -20,6 +20,17 @@
 extern "C" {
 #endif
 
+/* The library's version: these macros say what a program was compiled
+ * against, qk_version() what it runs with ("MAJOR.MINOR.PATCH"). */
+#define QK_VERSION_MAJOR 0
+#define QK_VERSION_MINOR 1
+#define QK_VERSION_PATCH 0
+const char *qk_version(void);
+
+/* qk_strerror - a message for a negative errno this library returned
+ * (-EUCLEAN: "image is corrupt"). Never NULL; the string is static. */
+const char *qk_strerror(int err);
+
 typedef struct QkImage QkImage;
 
 /* Open flags. */
