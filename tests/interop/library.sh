@@ -62,3 +62,22 @@ echo "async_reader: checksum matches qemu-img's raw export"
 if "$d/async_reader" "$d/missing.qcow2" 2>"$d/err"; then echo "missing image accepted"; exit 1; fi
 grep -q "missing.qcow2" "$d/err"
 echo "errors: ok"
+
+# The manual pages are installed and render; qcowkit(1) has every command's
+# usage (the same text as `qcowkit help NAME`), libqcowkit(3) every function.
+m1=$(find "$root" -name qcowkit.1 | head -n 1); m3=$(find "$root" -name libqcowkit.3 | head -n 1)
+[ -n "$m1" ] && [ -n "$m3" ] || { echo "manual pages not installed"; exit 1; }
+MANWIDTH=200 man -l "$m1" 2>"$d/man.err" >"$d/man1.txt"; [ ! -s "$d/man.err" ] || { cat "$d/man.err"; exit 1; }
+MANWIDTH=200 man -l "$m3" 2>"$d/man.err" >"$d/man3.txt"; [ ! -s "$d/man.err" ] || { cat "$d/man.err"; exit 1; }
+qk=$(find "$root" -path '*/bin/qcowkit' | head -n 1)
+cmds=$("$qk" --help | awk '/^Commands:/ {on=1; next} on && /^  [a-z]/ {print $1}')
+[ "$(echo "$cmds" | wc -w)" -ge 10 ] || { echo "command list not found in --help"; exit 1; }
+for c in $cmds; do
+  first=$("$qk" help "$c" | head -n 1)
+  [ -n "$first" ] || { echo "no usage for $c"; exit 1; }
+  grep -qF -- "$first" "$d/man1.txt" || { echo "qcowkit(1) lacks '$first'"; exit 1; }
+done
+while read -r f; do
+  grep -q "$f" "$d/man3.txt" || { echo "libqcowkit(3) lacks $f"; exit 1; }
+done <"$d/header.syms"
+echo "manual pages: render, every command and function present"
