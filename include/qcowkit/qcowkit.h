@@ -8,7 +8,15 @@
  * Errors: functions return 0 (or a non-negative count) on success and a
  * negative errno on failure; -EUCLEAN (QK_ECORRUPT) means the image is
  * corrupt rather than the I/O failing. When `errbuf` is non-NULL it receives
- * a one-line message.
+ * a one-line message. The library never prints, and never exits or aborts
+ * on bad input or an I/O error.
+ *
+ * Memory: an allocation for data (buffers, tables, requests) that fails
+ * is reported as -ENOMEM. The process is aborted only when the engine's
+ * own bookkeeping cannot be allocated or set up (a coroutine stack, an
+ * event loop, a few iovecs) or the kernel refuses an io_uring submission
+ * that was already prepared: states it cannot unwind without losing
+ * track of requests in flight.
  */
 #ifndef QCOWKIT_QCOWKIT_H
 #define QCOWKIT_QCOWKIT_H

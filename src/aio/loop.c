@@ -103,29 +103,23 @@ QkLoop *qk_loop_get(void)
     }
     loop->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (loop->epfd < 0) {
-        perror("qcowkit: epoll_create1");
-        abort();
+        abort(); /* out of descriptors or memory before any I/O (see qcowkit.h) */
     }
     int err = 0;
-    static bool warned;
     /* QCOWKIT_AIO lets tests run every program on both backends. */
     const char *env = getenv("QCOWKIT_AIO");
     if (backend_choice == QK_AIO_DEFAULT && env && *env) {
         qk_aio_set_backend_name(env);
     }
     if (backend_choice != QK_AIO_THREADS) {
+        /* Unavailable (an old kernel, a seccomp filter): the thread pool
+         * serves instead, silently; qk_loop_backend_name() tells which. */
         loop->backend = qk_uring_backend_new(&loop->ops, &err);
-        if (!loop->backend && !warned) {
-            warned = true;
-            fprintf(stderr, "qcowkit: io_uring unavailable (%s), using the thread pool\n",
-                    strerror(err));
-        }
     }
     if (!loop->backend) {
         loop->backend = qk_threads_backend_new(&loop->ops, &err);
         if (!loop->backend) {
-            fprintf(stderr, "qcowkit: cannot start I/O threads: %s\n", strerror(err));
-            abort();
+            abort(); /* neither backend could start (see qcowkit.h) */
         }
     }
     /* NULL data marks the backend's completion fd. */
