@@ -39,6 +39,13 @@ const char *qk_version(void);
  * (-EUCLEAN: "image is corrupt"). Never NULL; the string is static. */
 const char *qk_strerror(int err);
 
+/* qk_set_aio_backend - "io_uring", "threads" or "default" (io_uring,
+ * falling back to threads): the I/O backend of event loops created from now
+ * on (each thread's first call, each async image's engine). The same as the
+ * QCOWKIT_AIO environment variable, which applies only while no backend
+ * was set this way. Returns 0 or -EINVAL. Safe from any thread. */
+int qk_set_aio_backend(const char *name);
+
 typedef struct QkImage QkImage;
 
 /* Open flags. */
