@@ -496,13 +496,22 @@ static void hand_over(QkQueue *q)
     }
 }
 
-/* Moves up to max finished requests into out. */
+/* Moves up to max finished requests into out. Completions left behind
+ * (more than max were waiting) write the descriptor again: it was reset
+ * before collecting, and the engine writes it only when the list goes
+ * from empty to non-empty, so without this a program waiting on it would
+ * never hear of them. */
 static int collect(QkQueue *q, QkCompletion *out, int max)
 {
+    pthread_mutex_lock(&q->lock);
     if (max <= 0) {
+        bool left = q->done_head != NULL;
+        pthread_mutex_unlock(&q->lock);
+        if (left) {
+            kick(q->done_fd);
+        }
         return 0;
     }
-    pthread_mutex_lock(&q->lock);
     AReq *list = q->done_head;
     int n = 0;
     AReq *last = NULL;
@@ -517,7 +526,11 @@ static int collect(QkQueue *q, QkCompletion *out, int max)
         }
         last->next = NULL;
     }
+    bool left = q->done_head != NULL;
     pthread_mutex_unlock(&q->lock);
+    if (left) {
+        kick(q->done_fd);
+    }
     int i = 0;
     for (AReq *r = last ? list : NULL, *next; r; r = next) {
         next = r->next;
