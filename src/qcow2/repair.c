@@ -236,8 +236,10 @@ static int coroutine_fn repair(Check *k, int fix, QkError *err)
             return r;
         }
     } else {
-        ck_say(k, "ERROR the refcount structure must be rebuilt: repair with -r all");
-        return 0;
+        /* As qemu-img: fixing leaks alone cannot make this image right. */
+        ck_say(k, "ERROR need to rebuild refcount structures");
+        return qk_error_set(err, -EIO, "the refcount structure must be rebuilt: repair with -r all "
+                            "(the image is unchanged)");
     }
     if (fix & QK_CHECK_FIX_ERRORS) {
         r = fix_copied(k);
