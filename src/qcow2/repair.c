@@ -185,7 +185,7 @@ static int coroutine_fn fix_copied(Check *k)
             uint64_t bm;
             uint64_t e = qcow2_l2_get(s, t, j, &bm);
             uint64_t d = e & QCOW2_L2E_OFFSET_MASK;
-            if ((e & QCOW2_OFLAG_COMPRESSED) || !d || !qk_is_aligned(d, s->cluster_size)) {
+            if ((e & QCOW2_OFLAG_COMPRESSED) || !d) {
                 continue;
             }
             if (!ck_stored_rc(k, d >> s->cluster_bits, &rc)) {
