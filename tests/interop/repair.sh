@@ -5,7 +5,7 @@
 # check finds. Short form here (2 seeds, every damage kind, 512 B and
 # 64 KiB clusters, refcount widths 1/16/64); the long form runs by hand:
 #   bash tests/interop/repair.sh --long [--seeds N]   (cluster sizes 512 B..2 MiB,
-#   refcount widths 1..64, extended L2)
+#   refcount widths 1..64, extended L2; then repair_crash.py on every kind)
 set -eu
 top=$(cd "$(dirname "$0")/../.." && pwd)
 QCOWKIT=${QCOWKIT:-$top/build/tools/qcowkit}
@@ -20,3 +20,7 @@ trap 'rm -rf "$work"' EXIT
 args=("$@")
 [ ${#args[@]} -eq 0 ] && args=(--seeds 2)
 python3 "$top/tests/interop/repair.py" "$QCOWKIT" "$QCOWKIT_ASAN" "$work" "${args[@]}"
+if [ "${1:-}" = "--long" ] && command -v strace >/dev/null; then
+  # Crash points of the repair, every damage kind.
+  python3 "$top/tests/interop/repair_crash.py" "$QCOWKIT" "$work" --seeds 3 --max-states 20
+fi
