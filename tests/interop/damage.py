@@ -23,8 +23,10 @@ def run(cmd, **kw):
     return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
-def make_image(work, rng, cluster_size, refcount_bits, extended_l2, backing, nsnap, size=8 << 20):
-    """Returns (path, [snapshot names])."""
+def make_image(work, rng, cluster_size, refcount_bits, extended_l2, backing, nsnap, size=8 << 20,
+               bitmap=False):
+    """Returns (path, [snapshot names]). With bitmap, a persistent dirty
+    bitmap is added after the first writes (the later ones mark it)."""
     path = os.path.join(work, "orig.qcow2")
     for f in ("orig.qcow2", "backing.qcow2"):
         if os.path.exists(os.path.join(work, f)):
@@ -60,6 +62,10 @@ def make_image(work, rng, cluster_size, refcount_bits, extended_l2, backing, nsn
         p = run(args + [path], cwd=work)
         if p.returncode:
             raise RuntimeError("qemu-io failed: " + p.stdout)
+        if bitmap and phase == 0:
+            p = run(["qemu-img", "bitmap", "--add", path, "b0"], cwd=work)
+            if p.returncode:
+                raise RuntimeError("bitmap failed: " + p.stdout)
         if phase < nsnap:
             name = "s%d" % phase
             p = run(["qemu-img", "snapshot", "-c", name, path], cwd=work)

@@ -5,7 +5,9 @@ For each case: an image made by qemu-img/qemu-io (damage.make_image), one
 damage (damage.KINDS), one copy repaired by qemu-img, one by qcowkit.
 A case passes when
   - qemu-img check of qcowkit's result is no worse than of qemu-img's
-    (exit status 0 < 3 < 2 < 1, then corruption and leak counts);
+    (exit status 0 < 3 < 2 < 1, then corruption and leak counts), unless
+    qemu-img's repair dropped snapshots that qcowkit kept (counted apart);
+  - every persistent bitmap qemu-img's repair keeps is still there;
   - qcowkit's repair exit status and a second qcowkit check (status and
     counts) agree with qemu-img check of qcowkit's result;
   - the guest data (active image and every snapshot) of qcowkit's result
@@ -53,6 +55,21 @@ def qk_check(qk, path):
     return p.returncode, j.get("corruptions", 0), j.get("leaks", 0)
 
 
+def bitmaps(path):
+    """Names of the persistent bitmaps qemu-img info sees."""
+    p = sh(["qemu-img", "info", "--output=json", path])
+    try:
+        data = json.loads(p.stdout)["format-specific"]["data"]
+    except (ValueError, KeyError):
+        return set()
+    return {b["name"] for b in data.get("bitmaps", [])}
+
+
+def snapshots(path):
+    p = sh(["qemu-img", "snapshot", "-l", path])
+    return {line.split()[1] for line in p.stdout.splitlines()[2:] if len(line.split()) > 1}
+
+
 def read_view(path, snap, out):
     cmd = ["qemu-img", "convert", "-O", "raw"]
     if snap:
@@ -88,16 +105,16 @@ def compare_data(orig, dmg, q, k):
 
 
 def one_case(args, work, rng, params, kind, stats):
-    cs, rb, extl2, backing, nsnap = params
+    cs, rb, extl2, backing, nsnap, bitmap = params
     try:
-        path, snaps = damage.make_image(work, rng, cs, rb, extl2, backing, nsnap)
+        path, snaps = damage.make_image(work, rng, cs, rb, extl2, backing, nsnap, bitmap=bitmap)
     except RuntimeError as e:
         print("n/a  %s: could not make the image: %s" % (kind, str(e).strip()[:200]))
         stats[kind][2] += 1
         return True
     orig = open(path, "rb").read()
     broken, what = damage.damage(orig, kind, rng)
-    label = "%s cs=%d rb=%d extl2=%d backing=%d snaps=%d" % (kind, cs, rb, extl2, backing, nsnap)
+    label = "%s cs=%d rb=%d extl2=%d backing=%d snaps=%d bitmap=%d" % (kind, cs, rb, extl2, backing, nsnap, bitmap)
     if broken is None:
         stats[kind][2] += 1
         return True
@@ -116,10 +133,18 @@ def one_case(args, work, rng, params, kind, stats):
         fails.append("sanitizer/crash: " + rep.stderr[-1500:])
     qres, kres = qemu_check(qpath), qemu_check(kpath)
     rk, rq = RANK.get(kres[0], 9), RANK.get(qres[0], 9)
-    if rk > rq or (rk == rq and (kres[1] > qres[1] or kres[2] > qres[2])):
+    # qemu-img's repair sometimes drops internal snapshots (seen with 7.2 on
+    # an L2 entry past the end in a table snapshots share); the damage it
+    # counted through them is gone with them, so counts are not comparable.
+    dropped = snapshots(qpath) < snapshots(kpath)
+    if dropped:
+        stats[kind][3] += 1
+    elif rk > rq or (rk == rq and (kres[1] > qres[1] or kres[2] > qres[2])):
         fails.append("qemu-img check after qcowkit repair %s worse than after qemu-img repair %s" % (kres, qres))
     if rep.returncode != kres[0]:
         fails.append("qcowkit check -r all exited %d, qemu-img check of its result %d" % (rep.returncode, kres[0]))
+    if bitmaps(qpath) - bitmaps(kpath):
+        fails.append("bitmaps %s kept by qemu-img's repair are gone" % sorted(bitmaps(qpath) - bitmaps(kpath)))
     again = qk_check(args.qcowkit, kpath)
     if again != kres:
         fails.append("second qcowkit check %s != qemu-img check %s" % (again, kres))
@@ -177,7 +202,7 @@ def main():
         sizes = [512, 65536]
         widths = [1, 16, 64]
         seeds = args.seeds or 1
-    stats = {k: [0, 0, 0] for k in kinds}
+    stats = {k: [0, 0, 0, 0] for k in kinds}
     ok = True
     for seed in range(seeds):
         rng = random.Random(seed)
@@ -192,10 +217,11 @@ def main():
             nsnap = rng.choice([0, 1, 2]) if not args.long else rng.choice([0, 1, 2, 3])
             # Snapshots share clusters: their refcounts must fit the width.
             nsnap = min(nsnap, (1 << min(rb, 8)) - 2)
-            ok &= one_case(args, args.work, rng, (cs, rb, extl2, backing, nsnap), kind, stats)
-    print("%-18s %5s %5s %8s" % ("kind", "ok", "fail", "n/a"))
+            bitmap = rng.random() < 0.3
+            ok &= one_case(args, args.work, rng, (cs, rb, extl2, backing, nsnap, bitmap), kind, stats)
+    print("%-18s %5s %5s %8s  %s" % ("kind", "ok", "fail", "n/a", "qemu-img dropped snapshots"))
     for k in kinds:
-        print("%-18s %5d %5d %8d" % (k, *stats[k]))
+        print("%-18s %5d %5d %8d  %d" % (k, *stats[k]))
     return 0 if ok else 1
 
 
