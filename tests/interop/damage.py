@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Seeded test images and one-way damage for the repair test (repair.py).
 
-make_image() builds an image with qemu-img/qemu-io: known data patterns,
+make_image() builds an image with qemu-img/qemu-io: known data patterns
+(some written compressed),
 optional backing file, optional internal snapshots (with writes between
 them so that snapshots share some clusters and not others). Image reads
 the metadata of such a file (header, L1/L2, refcount table and blocks)
@@ -44,8 +45,19 @@ def make_image(work, rng, cluster_size, refcount_bits, extended_l2, backing, nsn
     if p.returncode:
         raise RuntimeError("qemu-img create failed: " + p.stdout)
     snaps = []
+    # Compressed clusters first, while this layer has nothing allocated
+    # (qemu-io cannot compress over an allocated cluster); several may
+    # share one host cluster.
+    ops = []
+    taken = set()
+    for _ in range(rng.randint(0, 3)):
+        n = rng.randint(1, 3)
+        first = rng.randrange(0, size // cluster_size - n)
+        if taken & set(range(first, first + n)):
+            continue
+        taken |= set(range(first, first + n))
+        ops.append("write -c -P 0x%02x %d %d" % (rng.randint(1, 255), first * cluster_size, n * cluster_size))
     for phase in range(nsnap + 1):
-        ops = []
         for _ in range(rng.randint(3, 8)):
             length = rng.choice([512, 4096, cluster_size, 3 * cluster_size, 65536, 200 * 1024])
             off = rng.randrange(0, size - length) & ~511
@@ -62,6 +74,7 @@ def make_image(work, rng, cluster_size, refcount_bits, extended_l2, backing, nsn
         p = run(args + [path], cwd=work)
         if p.returncode:
             raise RuntimeError("qemu-io failed: " + p.stdout)
+        ops = []
         if bitmap and phase == 0:
             p = run(["qemu-img", "bitmap", "--add", path, "b0"], cwd=work)
             if p.returncode:
