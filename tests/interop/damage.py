@@ -25,9 +25,11 @@ def run(cmd, **kw):
 
 
 def make_image(work, rng, cluster_size, refcount_bits, extended_l2, backing, nsnap, size=8 << 20,
-               bitmap=False):
+               bitmap=False, vmstate_tool=None):
     """Returns (path, [snapshot names]). With bitmap, a persistent dirty
-    bitmap is added after the first writes (the later ones mark it)."""
+    bitmap is added after the first writes (the later ones mark it). With
+    vmstate_tool (a qcowkit binary: qemu-img cannot save VM state) the
+    first snapshot gets a VM state of random bytes, kept in vmstate.bin."""
     path = os.path.join(work, "orig.qcow2")
     for f in ("orig.qcow2", "backing.qcow2"):
         if os.path.exists(os.path.join(work, f)):
@@ -81,7 +83,13 @@ def make_image(work, rng, cluster_size, refcount_bits, extended_l2, backing, nsn
                 raise RuntimeError("bitmap failed: " + p.stdout)
         if phase < nsnap:
             name = "s%d" % phase
-            p = run(["qemu-img", "snapshot", "-c", name, path], cwd=work)
+            if vmstate_tool and phase == 0:
+                state = os.path.join(work, "vmstate.bin")
+                with open(state, "wb") as f:
+                    f.write(rng.randbytes(rng.randint(1000, 300000)))
+                p = run([vmstate_tool, "snapshot", "-c", name, "--vmstate", state, path], cwd=work)
+            else:
+                p = run(["qemu-img", "snapshot", "-c", name, path], cwd=work)
             if p.returncode:
                 raise RuntimeError("snapshot failed: " + p.stdout)
             snaps.append(name)

@@ -14,6 +14,9 @@ A case passes when
     reads back, 512 bytes at a time, as either the undamaged original or
     what qemu-img's repair reads; where qemu-img's repair kept the original,
     qcowkit's must have kept it too;
+  - a VM state saved with a snapshot (by qcowkit: qemu-img cannot) reads
+    back as saved, or as from the damaged image, if qemu-img's repair kept
+    the snapshot;
   - no sanitizer report (the repair runs on the ASan build).
 Prints per-kind counts; exits 1 on any failure.
 
@@ -70,6 +73,18 @@ def snapshots(path):
     return {line.split()[1] for line in p.stdout.splitlines()[2:] if len(line.split()) > 1}
 
 
+def vmstate_of(qk, path, snap, work):
+    """The VM state of snapshot snap (reverting a copy to it), or None."""
+    copy, out = os.path.join(work, "vm.qcow2"), os.path.join(work, "vm.bin")
+    shutil.copy(path, copy)
+    p = sh([qk, "snapshot", "-a", snap, "--vmstate-out", out, copy])
+    data = open(out, "rb").read() if p.returncode == 0 and os.path.exists(out) else None
+    for f in (copy, out):
+        if os.path.exists(f):
+            os.unlink(f)
+    return data
+
+
 def read_view(path, snap, out):
     cmd = ["qemu-img", "convert", "-O", "raw"]
     if snap:
@@ -110,16 +125,18 @@ def compare_data(orig, dmg, q, k, lenient=False):
 
 
 def one_case(args, work, rng, params, kind, stats):
-    cs, rb, extl2, backing, nsnap, bitmap = params
+    cs, rb, extl2, backing, nsnap, bitmap, vmstate = params
     try:
-        path, snaps = damage.make_image(work, rng, cs, rb, extl2, backing, nsnap, bitmap=bitmap)
+        path, snaps = damage.make_image(work, rng, cs, rb, extl2, backing, nsnap, bitmap=bitmap,
+                                        vmstate_tool=args.qcowkit if vmstate and nsnap else None)
     except RuntimeError as e:
         print("n/a  %s: could not make the image: %s" % (kind, str(e).strip()[:200]))
         stats[kind][2] += 1
         return True
     orig = open(path, "rb").read()
     broken, what = damage.damage(orig, kind, rng)
-    label = "%s cs=%d rb=%d extl2=%d backing=%d snaps=%d bitmap=%d" % (kind, cs, rb, extl2, backing, nsnap, bitmap)
+    label = "%s cs=%d rb=%d extl2=%d backing=%d snaps=%d bitmap=%d vmstate=%d" % (
+        kind, cs, rb, extl2, backing, nsnap, bitmap, vmstate and nsnap > 0)
     if broken is None:
         stats[kind][2] += 1
         return True
@@ -166,6 +183,15 @@ def one_case(args, work, rng, params, kind, stats):
         bad = compare_data(o, d, q, k, lenient=dropped)
         if bad:
             fails.append("view %s: %s" % (snap or "active", bad))
+    if vmstate and snaps and snaps[0] in snapshots(qpath):
+        # qemu-img cannot read VM state: qcowkit's result must give back the
+        # saved state, or what the damaged image gives back (nothing, when
+        # the damage made it unreadable).
+        want = open(os.path.join(work, "vmstate.bin"), "rb").read()
+        got, dmg = vmstate_of(args.qcowkit, kpath, snaps[0], work), vmstate_of(args.qcowkit, dpath, snaps[0], work)
+        if got != want and got != dmg:
+            fails.append("VM state of %s lost (%s bytes read back, %d saved)" % (
+                snaps[0], "no" if got is None else len(got), len(want)))
     if fails:
         stats[kind][1] += 1
         print("FAIL %s: %s" % (label, what))
@@ -198,6 +224,7 @@ def main():
     ap.add_argument("--keep", default=None, help="copy failing images here")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
+    args.qcowkit, args.qcowkit_asan = os.path.abspath(args.qcowkit), os.path.abspath(args.qcowkit_asan)
     kinds = args.kinds.split(",")
     if args.long:
         sizes = [512, 1024, 4096, 16384, 65536, 1 << 21]
@@ -223,7 +250,8 @@ def main():
             # Snapshots share clusters: their refcounts must fit the width.
             nsnap = min(nsnap, (1 << min(rb, 8)) - 2)
             bitmap = rng.random() < 0.3
-            ok &= one_case(args, args.work, rng, (cs, rb, extl2, backing, nsnap, bitmap), kind, stats)
+            vmstate = rng.random() < 0.3
+            ok &= one_case(args, args.work, rng, (cs, rb, extl2, backing, nsnap, bitmap, vmstate), kind, stats)
     print("%-18s %5s %5s %8s  %s" % ("kind", "ok", "fail", "n/a", "qemu-img dropped snapshots"))
     for k in kinds:
         print("%-18s %5d %5d %8d  %d" % (k, *stats[k]))
