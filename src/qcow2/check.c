@@ -112,8 +112,9 @@ static int coroutine_fn check_l2(Check *k, uint64_t l2off, bool active)
             continue;
         }
         uint64_t off = e & QCOW2_L2E_OFFSET_MASK;
-        uint64_t reserved = s->extended_l2 ? (QCOW2_L2E_RESERVED | 1) : QCOW2_L2E_RESERVED;
-        if (e & reserved) {
+        /* The standard descriptor's reserved bits, as qemu-img checks them
+         * (with extended L2 too, where bit 0 is unused as well). */
+        if (e & QCOW2_L2E_RESERVED) {
             ck_say(k, "ERROR found l2 entry with reserved bits set: 0x%llx", (unsigned long long)e);
             k->res->corruptions++;
         }
