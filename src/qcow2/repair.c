@@ -118,7 +118,9 @@ static int coroutine_fn fix_in_place(Check *k, int fix)
         ck_say(k, "Repairing cluster %llu refcount=%llu reference=%llu", (unsigned long long)c,
                (unsigned long long)rc, (unsigned long long)ref);
     }
-    return qcow2_flush_caches(s);
+    /* Durable before OFLAG_COPIED is made to agree with the new values. */
+    int r = qcow2_flush_caches(s);
+    return r < 0 ? r : qk_co_flush(s->bs->file);
 }
 
 /* A table may take a flag change unless it is (also) a live refcount
