@@ -2,9 +2,9 @@
 """Seeded test images and one-way damage for the repair test (repair.py).
 
 make_image() builds an image with qemu-img/qemu-io: known data patterns
-(some written compressed),
-optional backing file, optional internal snapshots (with writes between
-them so that snapshots share some clusters and not others). Image reads
+(some written compressed), optional backing file, optional internal
+snapshots (with writes between them so that snapshots share some clusters
+and not others), optional persistent bitmap and VM state. Image reads
 the metadata of such a file (header, L1/L2, refcount table and blocks)
 so that each damage function can change exactly one thing. Every damage
 function takes (Image, random.Random) and returns a short description,
@@ -323,6 +323,19 @@ def leak(img, rng):
     return "cluster %d leaked" % c
 
 
+def rt_entry_duplicate(img, rng):
+    """A second refcount table entry naming a block already in use."""
+    slots = img.rt_slots()
+    n = img.rt_clusters * img.cs // 8
+    empty = [i for i in range(n) if not img.u64(img.rt_off + 8 * i)]
+    if not slots or not empty:
+        return None
+    _, _, e = rng.choice(slots)
+    i = rng.choice(empty[:8])
+    img.p64(img.rt_off + 8 * i, e)
+    return "refcount table entry %d repeats block 0x%x" % (i, e)
+
+
 def rt_entry_unaligned(img, rng):
     slots = img.rt_slots()
     if not slots:
@@ -381,6 +394,7 @@ KINDS = {
     "rt_entry_overlap": rt_entry_overlap,
     "rt_entry_outside": rt_entry_outside,
     "rt_entry_unaligned": rt_entry_unaligned,
+    "rt_entry_duplicate": rt_entry_duplicate,
     "l1_into_refblock": l1_into_refblock,
     "copied_l1": copied_l1,
     "copied_l2": copied_l2,
