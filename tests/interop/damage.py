@@ -25,7 +25,7 @@ def run(cmd, **kw):
 
 
 def make_image(work, rng, cluster_size, refcount_bits, extended_l2, backing, nsnap, size=8 << 20,
-               bitmap=False, vmstate_tool=None):
+               bitmap=False, vmstate_tool=None, v2=False):
     """Returns (path, [snapshot names]). With bitmap, a persistent dirty
     bitmap is added after the first writes (the later ones mark it). With
     vmstate_tool (a qcowkit binary: qemu-img cannot save VM state) the
@@ -35,6 +35,8 @@ def make_image(work, rng, cluster_size, refcount_bits, extended_l2, backing, nsn
         if os.path.exists(os.path.join(work, f)):
             os.unlink(os.path.join(work, f))
     opts = "cluster_size=%d,refcount_bits=%d" % (cluster_size, refcount_bits)
+    if v2:
+        opts += ",compat=0.10"  # 16-bit refcounts, no extended L2, no bitmaps
     if extended_l2:
         opts += ",extended_l2=on"
     cmd = ["qemu-img", "create", "-q", "-f", "qcow2", "-o", opts]

@@ -126,17 +126,18 @@ def compare_data(orig, dmg, q, k, lenient=False):
 
 def one_case(args, work, rng, params, kind, stats):
     cs, rb, extl2, backing, nsnap, bitmap, vmstate = params
+    v2 = args.long and rb == 16 and not extl2 and not bitmap and rng.random() < 0.3
     try:
         path, snaps = damage.make_image(work, rng, cs, rb, extl2, backing, nsnap, bitmap=bitmap,
-                                        vmstate_tool=args.qcowkit if vmstate and nsnap else None)
+                                        vmstate_tool=args.qcowkit if vmstate and nsnap else None, v2=v2)
     except RuntimeError as e:
         print("n/a  %s: could not make the image: %s" % (kind, str(e).strip()[:200]))
         stats[kind][2] += 1
         return True
     orig = open(path, "rb").read()
     broken, what = damage.damage(orig, kind, rng)
-    label = "%s cs=%d rb=%d extl2=%d backing=%d snaps=%d bitmap=%d vmstate=%d" % (
-        kind, cs, rb, extl2, backing, nsnap, bitmap, vmstate and nsnap > 0)
+    label = "%s cs=%d rb=%d extl2=%d backing=%d snaps=%d bitmap=%d vmstate=%d v2=%d" % (
+        kind, cs, rb, extl2, backing, nsnap, bitmap, vmstate and nsnap > 0, v2)
     if broken is None:
         stats[kind][2] += 1
         return True
