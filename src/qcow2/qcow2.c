@@ -186,7 +186,10 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
     s->free_hint = 1;
 
     if (!bs->read_only) {
-        if (s->h.autoclear_features) {
+        /* check -r writes no guest data, so the bitmaps stay valid: it
+         * keeps the autoclear bits, counts the bitmaps' clusters as in use
+         * and leaves them alone. */
+        if (s->h.autoclear_features && !(opts->flags & QK_OPEN_CHECK)) {
             /* We maintain none of the autoclear features: say so. */
             s->h.autoclear_features = 0;
             r = qcow2_write_header_field(s, QCOW2_HOFF_AUTOCLEAR, 8);

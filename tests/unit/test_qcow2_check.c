@@ -1,6 +1,7 @@
 /* The check API: a clean image reports nothing and the counts qemu-img
  * check reports; a leaked cluster and a cluster with a too-low refcount are
- * reported in qemu-img's words and repaired with the fix flags; a lazy
+ * reported in qemu-img's words and repaired with the fix flags; a lost
+ * refcount block makes -r leaks refuse and -r all rebuild; a lazy
  * refcounts image left dirty by a crash is repaired on open. */
 #include "qcow2_test_util.h"
 
@@ -60,6 +61,27 @@ static void put_be16(const char *path, long off, uint16_t v)
     close(fd);
 }
 
+static uint64_t get_be64(const char *path, long off)
+{
+    int fd = open(path, O_RDONLY);
+    uint8_t b[8] = {0};
+    QK_CHECK_EQ(pread(fd, b, 8, off), 8);
+    close(fd);
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) {
+        v = v << 8 | b[i];
+    }
+    return v;
+}
+
+static void put_zero64(const char *path, long off)
+{
+    int fd = open(path, O_WRONLY);
+    uint8_t b[8] = {0};
+    QK_CHECK_EQ(pwrite(fd, b, 8, off), 8);
+    close(fd);
+}
+
 int main(void)
 {
     if (!t_have_qemu()) {
@@ -99,6 +121,37 @@ int main(void)
     QK_CHECK_EQ(c->res.corruptions, 0);
     QK_CHECK_EQ(c->res.corruptions_fixed, 1);
     QK_CHECK_EQ(t_qemu_check("k.qcow2"), 0);
+
+    /* The refcount table entry zeroed: its block is lost, every cluster in
+     * use reads as free. -r leaks refuses and changes nothing; -r all
+     * rebuilds the structure past the end of the file, and what it reports
+     * as fixed is what the check found, with nothing left. */
+    QK_CHECK_EQ(t_sh("cp k.qcow2 rt.qcow2"), 0);
+    /* (the repair above rebuilt k.qcow2's refcount structure elsewhere) */
+    put_zero64("rt.qcow2", (long)get_be64("rt.qcow2", 48));
+    c = do_check("rt.qcow2", 0);
+    /* Fixed counts as qemu-img counts: the refcount errors; the OFLAG_COPIED
+     * ones that only disagree with the lost refcounts are not extra. */
+    int found = 0;
+    for (const char *p = c->lines.text; (p = strstr(p, "ERROR cluster ")) != NULL; p++) {
+        found++;
+    }
+    QK_CHECK(found >= 4);
+    QK_CHECK(c->res.corruptions > found);
+    QK_CHECK_EQ(t_sh("cp rt.qcow2 rt-before.qcow2"), 0);
+    c = do_check("rt.qcow2", QK_CHECK_FIX_LEAKS);
+    QK_CHECK(c->ret < 0);
+    QK_CHECK(strstr(c->err.msg, "-r all") != NULL);
+    QK_CHECK_EQ(t_sh("cmp -s rt.qcow2 rt-before.qcow2"), 0);
+    c = do_check("rt.qcow2", QK_CHECK_FIX_LEAKS | QK_CHECK_FIX_ERRORS);
+    QK_CHECK_EQ(c->ret, 0);
+    QK_CHECK_EQ(c->res.corruptions, 0);
+    QK_CHECK_EQ(c->res.leaks, 0);
+    QK_CHECK_EQ(c->res.corruptions_fixed, found);
+    QK_CHECK(strstr(c->lines.text, "Rebuilding refcount structure") != NULL);
+    QK_CHECK(c->res.image_end_offset > 0xc0000); /* the new structure went past the old end */
+    QK_CHECK_EQ(t_qemu_check("rt.qcow2"), 0);
+    QK_CHECK_EQ(t_sh("qemu-img compare -q rt-before.qcow2 rt.qcow2"), 0);
 
     /* Lazy refcounts, crash after writes: the dirty image is repaired on open. */
     QK_CHECK_EQ(t_sh("rm -f lz.qcow2 && qemu-img create -q -f qcow2 -o lazy_refcounts=on lz.qcow2 64M && "

@@ -1,0 +1,64 @@
+/*
+ * Shared state of the consistency check (check.c), the repair that drives
+ * it (repair.c) and the refcount structure rebuild (refcount_rebuild.c):
+ * the reference counts computed from the image's own tables, what kind
+ * of thing references each cluster, and the clusters referenced past the
+ * end of the file.
+ */
+#ifndef QK_QCOW2_CHECK_INT_H
+#define QK_QCOW2_CHECK_INT_H
+
+#include "qcow2/qcow2_int.h"
+
+/* What references a cluster (bits of Check.kind). */
+enum {
+    CK_DATA = 1 << 0,     /* guest data (L2 entries), bitmap data */
+    CK_META = 1 << 1,     /* header, L1/L2 tables, snapshot table, bitmap tables */
+    CK_REFS = 1 << 2,     /* refcount table or block */
+};
+
+typedef struct Check {
+    Qcow2State *s;
+    QkCheckResult *res;
+    QkCheckReport *report;
+    void *opaque;
+    uint32_t *refs;             /* computed references per cluster of the file */
+    uint8_t *kind;              /* CK_* per cluster */
+    uint64_t nclusters;
+    uint64_t file_len;
+    /* Count everything but the refcount table and blocks (repair decides
+     * separately whether they can be trusted). */
+    bool skip_refcount_structure;
+    /* Leave OFLAG_COPIED out of the check (repair counts those it fixes). */
+    bool skip_copied;
+    int copied_repaired;
+    /* Clusters past the end of the file that something references: new
+     * structures must never go there. */
+    uint64_t *outside;
+    size_t n_outside, cap_outside;
+    bool outside_overflow;
+} Check;
+
+__attribute__((format(printf, 2, 3)))
+void ck_say(Check *k, const char *fmt, ...);
+/* Sizes the per-cluster arrays to the file as it is now. */
+int ck_prepare(Check *k);
+void ck_free(Check *k);
+/* Computes k->refs from the image's tables, reporting what is malformed. */
+int coroutine_fn ck_compute(Check *k);
+/* One full check without changes: compute, compare, OFLAG_COPIED. Counts go
+ * to res, lines to report (NULL: quiet). */
+int coroutine_fn ck_run(Check *k, QkCheckResult *res, QkCheckReport *report, void *opaque);
+/* The refcount stored for a cluster; false when it cannot be read. */
+bool coroutine_fn ck_stored_rc(Check *k, uint64_t c, uint64_t *rc);
+bool ck_table_ok(Check *k, uint64_t off, uint64_t len);
+
+/* repair.c: repairs with fix flags, then checks again into res. */
+int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err);
+
+/* refcount_rebuild.c: writes a new refcount table and blocks describing
+ * k->refs (plus themselves) past everything in use, then switches the
+ * header to them. The image is unchanged if it fails before the switch. */
+int coroutine_fn ck_rebuild_refcounts(Check *k, QkError *err);
+
+#endif

@@ -1,0 +1,317 @@
+/*
+ * Repair (check -r leaks|all). Nothing is written before every cluster in
+ * use is known: the references are computed from everything but the
+ * refcount structure, which is then judged on its own. When it can be
+ * trusted (table and blocks inside the file, aligned, used by nothing
+ * else, and a stored refcount for every cluster in use) refcounts are
+ * fixed in place; otherwise the whole structure is rebuilt elsewhere
+ * (refcount_rebuild.c). Then OFLAG_COPIED of the active L1 and L2 entries
+ * is made to match the refcounts, and the image is checked again from
+ * scratch: the result reported is the image as it is after the repair.
+ *
+ * Crash safety: in-place fixes change refcounts only (no reference moves),
+ * the rebuild switches the header only after the new structure is durable,
+ * and OFLAG_COPIED is written after the refcounts it describes.
+ */
+#include "qcow2/check_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Judges the stored refcount structure against the references computed
+ * without it (k->skip_refcount_structure). When it is sound its own
+ * clusters are added to k->refs, ready for an in-place repair. */
+static bool coroutine_fn structure_trusted(Check *k)
+{
+    Qcow2State *s = k->s;
+    bool ok = true;
+    uint64_t rt_first = s->rt_offset >> s->cluster_bits;
+    uint64_t rt_end = rt_first + s->rt_clusters;
+    if (!ck_table_ok(k, s->rt_offset, (uint64_t)s->rt_clusters << s->cluster_bits)) {
+        ck_say(k, "ERROR refcount table is outside the image");
+        return false;
+    }
+    for (uint64_t c = rt_first; c < rt_end; c++) {
+        if (k->refs[c]) {
+            ck_say(k, "ERROR refcount table cluster %llu is also used by other metadata or data",
+                   (unsigned long long)c);
+            ok = false;
+        }
+        k->kind[c] |= CK_REFS;
+    }
+    for (uint64_t i = 0; i < s->rt_size; i++) {
+        uint64_t off = s->rt[i] & QCOW2_REFT_OFFSET_MASK;
+        if (!s->rt[i]) {
+            continue;
+        }
+        if ((s->rt[i] & ~QCOW2_REFT_OFFSET_MASK) || !qk_is_aligned(off, s->cluster_size) ||
+            !qk_range_within(off, s->cluster_size, k->file_len)) {
+            ck_say(k, "ERROR refcount table entry %llu is invalid (0x%llx)",
+                   (unsigned long long)i, (unsigned long long)s->rt[i]);
+            ok = false;
+            continue;
+        }
+        uint64_t c = off >> s->cluster_bits;
+        if (k->refs[c] || (k->kind[c] & CK_REFS)) {
+            ck_say(k, "ERROR refcount block %llu (cluster %llu) is also used by other metadata or data",
+                   (unsigned long long)i, (unsigned long long)c);
+            ok = false;
+        }
+        k->kind[c] |= CK_REFS;
+    }
+    bool added = ok;
+    for (uint64_t c = 0; added && c < k->nclusters; c++) {
+        if (k->kind[c] & CK_REFS) {
+            k->refs[c]++;
+        }
+    }
+    /* A cluster in use without a stored refcount may already have been
+     * handed out again: only a structure built from scratch is safe. */
+    for (uint64_t c = 0; ok && c < k->nclusters; c++) {
+        uint64_t rc;
+        if (!k->refs[c]) {
+            continue;
+        }
+        if (!ck_stored_rc(k, c, &rc)) {
+            ck_say(k, "ERROR cannot read the refcount of cluster %llu", (unsigned long long)c);
+            ok = false;
+        } else if (rc == 0) {
+            ck_say(k, "ERROR cluster %llu refcount=0 reference=%u", (unsigned long long)c, k->refs[c]);
+            ok = false;
+        }
+    }
+    if (!ok) {
+        /* The rebuild counts references without the old structure. */
+        for (uint64_t c = 0; c < k->nclusters; c++) {
+            if (added && (k->kind[c] & CK_REFS)) {
+                k->refs[c]--;
+            }
+            k->kind[c] &= (uint8_t)~CK_REFS;
+        }
+    }
+    return ok;
+}
+
+/* Fixes the stored refcounts one cluster at a time; the structure is sound. */
+static int coroutine_fn fix_in_place(Check *k, int fix)
+{
+    Qcow2State *s = k->s;
+    for (uint64_t c = 0; c < k->nclusters; c++) {
+        uint64_t rc, ref = k->refs[c];
+        if (!ck_stored_rc(k, c, &rc) || rc == ref) {
+            continue;
+        }
+        bool leak = rc > ref;
+        if (!(fix & (leak ? QK_CHECK_FIX_LEAKS : QK_CHECK_FIX_ERRORS))) {
+            continue;
+        }
+        if (ref > s->refcount_max) {
+            ck_say(k, "ERROR cluster %llu has %llu references; %u-bit refcounts cannot count them",
+                   (unsigned long long)c, (unsigned long long)ref, s->refcount_bits);
+            continue;
+        }
+        int64_t delta = leak ? -(int64_t)(rc - ref) : (int64_t)(ref - rc);
+        int r = qcow2_update_refcount(s, c << s->cluster_bits, s->cluster_size, delta);
+        if (r < 0) {
+            return r;
+        }
+        ck_say(k, "Repairing cluster %llu refcount=%llu reference=%llu", (unsigned long long)c,
+               (unsigned long long)rc, (unsigned long long)ref);
+    }
+    /* Durable before OFLAG_COPIED is made to agree with the new values. */
+    int r = qcow2_flush_caches(s);
+    return r < 0 ? r : qk_co_flush(s->bs->file);
+}
+
+/* A table may take a flag change unless it is (also) a live refcount
+ * structure. A cluster that is both an L2 table and guest data changes
+ * for the guest too, as it does with every later write to that table:
+ * that damage cannot be undone by the repair, and qemu-img writes the
+ * flags there as well. */
+static bool writable_table(const Check *k, uint64_t off)
+{
+    uint64_t c = off >> k->s->cluster_bits;
+    return c < k->nclusters && !(k->kind[c] & CK_REFS);
+}
+
+static bool want_copied(uint64_t rc)
+{
+    return rc == 1;
+}
+
+/* OFLAG_COPIED of the active L1 and L2 entries, set exactly when the
+ * (now correct) refcount is 1. */
+static int coroutine_fn fix_copied(Check *k)
+{
+    Qcow2State *s = k->s;
+    bool l1_ok = true;
+    for (uint64_t c = s->l1_offset >> s->cluster_bits;
+         c < QK_DIV_ROUND_UP(s->l1_offset + (uint64_t)s->l1_size * 8, s->cluster_size); c++) {
+        l1_ok &= writable_table(k, c << s->cluster_bits);
+    }
+    for (uint64_t i = 0; i < s->l1_size; i++) {
+        uint64_t off = s->l1[i] & QCOW2_L1E_OFFSET_MASK;
+        if (!off || !ck_table_ok(k, off, s->cluster_size)) {
+            continue;
+        }
+        uint64_t rc;
+        if (!ck_stored_rc(k, off >> s->cluster_bits, &rc)) {
+            continue;
+        }
+        if (want_copied(rc) != !!(s->l1[i] & QCOW2_OFLAG_COPIED)) {
+            if (l1_ok) {
+                uint64_t old = s->l1[i];
+                s->l1[i] = want_copied(rc) ? old | QCOW2_OFLAG_COPIED : old & ~QCOW2_OFLAG_COPIED;
+                int r = qcow2_write_l1_entry(s, i);
+                if (r < 0) {
+                    s->l1[i] = old;
+                    return r;
+                }
+                k->copied_repaired++;
+                ck_say(k, "Repairing OFLAG_COPIED L2 cluster: l1_index=%llu l1_entry=%llx refcount=%llu",
+                       (unsigned long long)i, (unsigned long long)old, (unsigned long long)rc);
+            } else {
+                ck_say(k, "ERROR OFLAG_COPIED L2 cluster: l1_index=%llu: the L1 table shares its "
+                       "clusters with the refcount structure, not changing it", (unsigned long long)i);
+            }
+        }
+        if (!writable_table(k, off)) {
+            continue;
+        }
+        void *t;
+        int r = qcow2_cache_get(s->l2_cache, off, &t);
+        if (r < 0) {
+            return r;
+        }
+        for (uint64_t j = 0; j < s->l2_entries; j++) {
+            uint64_t bm;
+            uint64_t e = qcow2_l2_get(s, t, j, &bm);
+            uint64_t d = e & QCOW2_L2E_OFFSET_MASK;
+            if ((e & QCOW2_OFLAG_COMPRESSED) || !d) {
+                continue;
+            }
+            if (!ck_stored_rc(k, d >> s->cluster_bits, &rc)) {
+                continue;
+            }
+            if (want_copied(rc) == !!(e & QCOW2_OFLAG_COPIED)) {
+                continue;
+            }
+            uint64_t ne = want_copied(rc) ? e | QCOW2_OFLAG_COPIED : e & ~QCOW2_OFLAG_COPIED;
+            qcow2_l2_set(s, t, j, ne, bm);
+            qcow2_cache_mark_dirty(s->l2_cache, t);
+            k->copied_repaired++;
+            ck_say(k, "Repairing OFLAG_COPIED data cluster: l2_entry=%llx refcount=%llu",
+                   (unsigned long long)e, (unsigned long long)rc);
+        }
+        qcow2_cache_put(s->l2_cache, &t);
+    }
+    int r = qcow2_flush_caches(s);
+    return r < 0 ? r : qk_co_flush(s->bs->file);
+}
+
+/* The repair proper; the caller checks again afterwards. */
+static int coroutine_fn repair(Check *k, int fix, QkError *err)
+{
+    QkCheckResult scratch;
+    memset(&scratch, 0, sizeof(scratch));
+    k->res = &scratch;
+    int r = ck_prepare(k);
+    if (r < 0) {
+        return qk_error_set_errno(err, r, "Could not size the check");
+    }
+    k->skip_refcount_structure = true;
+    ck_compute(k);
+    k->skip_refcount_structure = false;
+    if (scratch.check_errors) {
+        return qk_error_set(err, -EIO, "could not read all of the image's metadata; "
+                            "not repairing, the image is unchanged");
+    }
+    if (structure_trusted(k)) {
+        r = fix_in_place(k, fix);
+        if (r < 0) {
+            return qk_error_set_errno(err, r, "Could not write repaired refcounts");
+        }
+    } else if (fix & QK_CHECK_FIX_ERRORS) {
+        ck_say(k, "Rebuilding refcount structure");
+        r = ck_rebuild_refcounts(k, err);
+        if (r < 0) {
+            return r;
+        }
+    } else {
+        /* As qemu-img: fixing leaks alone cannot make this image right. */
+        ck_say(k, "ERROR need to rebuild refcount structures");
+        return qk_error_set(err, -EIO, "the refcount structure must be rebuilt: repair with -r all "
+                            "(the image is unchanged)");
+    }
+    if (fix & QK_CHECK_FIX_ERRORS) {
+        r = fix_copied(k);
+        if (r < 0) {
+            return qk_error_set_errno(err, r, "Could not write repaired OFLAG_COPIED flags");
+        }
+    }
+    return 0;
+}
+
+/* Like qemu: a repaired image with nothing left wrong is marked clean and
+ * consistent again. */
+static int coroutine_fn mark_clean(Check *k, const QkCheckResult *res)
+{
+    Qcow2State *s = k->s;
+    uint64_t bits = QCOW2_INCOMPAT_DIRTY | QCOW2_INCOMPAT_CORRUPT;
+    if (res->corruptions || res->check_errors || !(s->h.incompatible_features & bits) || !qcow2_is_v3(s)) {
+        return 0;
+    }
+    int r = qk_co_flush(s->bs->file);
+    if (r == 0) {
+        r = qcow2_set_incompat(s, s->h.incompatible_features & ~bits);
+    }
+    if (r == 0) {
+        s->dirty_set_by_us = false;
+    }
+    return r;
+}
+
+int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err)
+{
+    QkCheckReport *report = k->report;
+    void *opaque = k->opaque;
+    QkCheckResult before, refs_only;
+    int r = ck_run(k, &before, NULL, NULL);
+    if (r < 0) {
+        return qk_error_set_errno(err, r, "Could not check the image");
+    }
+    if (before.check_errors) {
+        return qk_error_set(err, -EIO, "could not read all of the image's metadata; "
+                            "not repairing, the image is unchanged");
+    }
+    /* What was fixed is counted as qemu-img counts it: the refcount
+     * problems found before, plus each OFLAG_COPIED flag changed (flags that
+     * only disagreed with a wrong refcount are not counted twice). */
+    k->skip_copied = true;
+    r = ck_run(k, &refs_only, NULL, NULL);
+    k->skip_copied = false;
+    if (r < 0) {
+        return qk_error_set_errno(err, r, "Could not check the image");
+    }
+    k->copied_repaired = 0;
+    if (before.corruptions || before.leaks) {
+        k->report = report;
+        k->opaque = opaque;
+        r = repair(k, fix, err);
+        if (r < 0) {
+            return r;
+        }
+    }
+    r = ck_run(k, res, report, opaque);
+    if (r < 0) {
+        return qk_error_set_errno(err, r, "Could not check the repaired image");
+    }
+    int found = refs_only.corruptions + k->copied_repaired;
+    res->corruptions_fixed = found > res->corruptions ? found - res->corruptions : 0;
+    res->leaks_fixed = before.leaks > res->leaks ? before.leaks - res->leaks : 0;
+    r = mark_clean(k, res);
+    if (r < 0) {
+        return qk_error_set_errno(err, r, "Could not mark the repaired image clean");
+    }
+    return 0;
+}
