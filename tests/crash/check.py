@@ -116,5 +116,9 @@ def _first_diff(a, b):
 
 
 def _tail(text, lines=25):
+    """The check's ERROR lines first (leak lines are noise next to them),
+    then its summary."""
     t = text.splitlines()
-    return "\n".join(("    " + x) for x in t[-lines:])
+    errs = [x for x in t if "ERROR" in x or "Warning" in x][:12]
+    rest = [x for x in t if x not in errs and not x.startswith("Leaked cluster")]
+    return "\n".join(("    " + x) for x in (errs + rest)[:lines])

@@ -86,7 +86,11 @@ def main():
     ap.add_argument("--show", type=int, default=3, help="failures shown per configuration")
     ap.add_argument("--keep", default=None, help="copy failing states and their logs here")
     ap.add_argument("--workdir", default=os.environ.get("TEST_DIR", "/var/tmp"))
+    ap.add_argument("--list", action="store_true", help="print the configuration names")
     args = ap.parse_args()
+    if args.list:
+        print(" ".join(c.name for c in workload.SHORT))
+        return 0
     cfgs = [c for c in workload.SHORT if not args.config or c.name in args.config]
     if not cfgs:
         print("no such configuration: %s" % args.config)

@@ -43,7 +43,7 @@ class Config:
 # The short run's configurations: every cluster size class, extended L2,
 # refcount widths 1..64, both aio backends, both cache modes, snapshots.
 SHORT = [
-    Config("c4k", cluster=4096, size=64 << 20, epochs=40),
+    Config("c4k", cluster=4096, size=64 << 20, epochs=40, big=0.15),
     Config("c4k-threads-none", cluster=4096, aio="threads", cache="none", epochs=30),
     Config("c512-r64-growth", cluster=512, refbits=64, size=8 << 20, epochs=40, big=0.25),
     Config("c512-r1", cluster=512, refbits=1, size=8 << 20, epochs=30, big=0.1),
