@@ -38,18 +38,20 @@ static uint64_t next_seq = 1;
 static uint32_t next_file = 1;
 static int64_t next_flush = 1;
 
-/* Called with lock held. Returns 0 (fd open), 1 (logging off) or -errno. */
+/* Called with lock held. Returns 0 (fd open), 1 (logging off) or -errno.
+ * The variable is read at every open, so files opened while it is unset
+ * are not logged; the log file itself is the one it named first. */
 static int open_log_locked(void)
 {
+    const char *path = getenv(QK_WRITE_LOG_ENV);
+    if (!path || !*path) {
+        return 1;
+    }
     if (log_fd >= 0) {
         return 0;
     }
     if (log_error) {
         return log_error;
-    }
-    const char *path = getenv(QK_WRITE_LOG_ENV);
-    if (!path || !*path) {
-        return 1;
     }
     log_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
     if (log_fd < 0) {
