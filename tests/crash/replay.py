@@ -121,23 +121,24 @@ def _fmt(recs, idx):
 
 
 def states(init, recs, seed, cap_per_point, cap_total=None):
-    """Yields (State, image bytes)."""
+    """Yields (State, image bytes). With cap_total, the states are spread
+    over all crash points (at least 3 each) instead of stopping early."""
     rng = random.Random(seed)
+    points = crash_points(recs)
+    cap = cap_per_point
+    if cap_total:
+        cap = max(3, min(cap_per_point, cap_total // max(1, len(points))))
     img = bytearray(init)
     applied = 0
-    count = 0
-    for point, durable, epoch in crash_points(recs):
+    for point, durable, epoch in points:
         while applied < durable:
             if recs[applied].type in MODIFY:
                 apply(img, recs[applied])
             applied += 1
         pending = [i for i in range(durable, point) if recs[i].type in MODIFY]
-        for sub in subsets(len(pending), rng, cap_per_point):
+        for sub in subsets(len(pending), rng, cap):
             chosen = [pending[j] for j in sub]
             st = bytearray(img)
             for i in chosen:
                 apply(st, recs[i])
             yield State(point, durable, epoch, pending, chosen), st
-            count += 1
-            if cap_total and count >= cap_total:
-                return

@@ -29,9 +29,10 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-# Short: a small workload per configuration, states sampled (about 10 s each).
-pl_short=(--epochs 14 --cap-per-point 10 --cap-total 120)
-sk_short=(--rounds 12 --epochs 200)
+# Short: a small workload per configuration, up to 8 states per crash point
+# (about half a minute each on a busy 2-core machine).
+pl_short=(--epochs 12 --cap-per-point 8)
+sk_short=(--rounds 16 --epochs 200)
 # Long: several seeds of full workloads, every state enumerated up to 40 per
 # crash point; a thousand kills per configuration.
 pl_long=(--rounds 6 --cap-per-point 40)

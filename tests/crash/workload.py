@@ -62,6 +62,7 @@ class Generator:
         self.pattern = 0
         self.snap_seq = 0
         self.live = []  # snapshot names that exist
+        self.queued = []  # ops forced into the coming epochs, one list per epoch
         self._move_window()
 
     def _move_window(self):
@@ -94,9 +95,29 @@ class Generator:
         off -= off % align
         return off, length
 
+    def _rezero(self):
+        """Queues a cluster's life that random ops rarely line up: filled,
+        zeroed in place (it keeps its host cluster and gets the zero flag),
+        then a small write inside it (which must not expose the old data);
+        each step in its own epoch."""
+        c = self.cfg.cluster
+        base = self.rng.randrange(0, self.cfg.size, c)
+        self.pattern = self.pattern % 255 + 1
+        small = self.rng.randint(1, max(1, min(c // 2, 4096)))
+        inner = base + self.rng.randrange(0, c - small + 1)
+        self.queued = [[Op("write", base, c, self.pattern)], [Op("zero", base, c)]]
+        self.pattern = self.pattern % 255 + 1
+        self.queued.append([Op("write", inner, small, self.pattern)])
+
     def io_epoch(self):
+        if not self.queued and self.rng.random() < 0.2:
+            self._rezero()
         if self.rng.random() < 0.1:
             self._move_window()
+        if self.queued:
+            # Alone in its epoch, so the crash points around it have few
+            # pending writes and every subset of them gets checked.
+            return self.queued.pop(0)
         ops = []
         for _ in range(self.rng.randint(1, self.cfg.max_ops)):
             k = self.rng.random()
