@@ -1,5 +1,5 @@
 /*
- * qcowkit: entry point. Global options (--help, --version, --aio) and
+ * qcowkit: entry point. Global options (--help, --version, --man, --aio) and
  * dispatch to subcommands; `qcowkit help NAME` prints a command's usage.
  */
 #include "cmd.h"
@@ -40,6 +40,7 @@ static void usage(FILE *f)
             "Usage: qcowkit [--aio io_uring|threads] COMMAND [OPTIONS...] ARGS...\n"
             "       qcowkit help COMMAND\n"
             "       qcowkit --version\n"
+            "       qcowkit --man      (this manual as roff: qcowkit(1))\n"
             "\n"
             "QCOW2 disk-image engine, compatible with qemu-img images.\n"
             "\n"
@@ -56,6 +57,9 @@ int main(int argc, char **argv)
     while (i < argc && argv[i][0] == '-') {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--man") == 0) {
+            qk_tool_print_man(stdout, commands, NCOMMANDS);
             return 0;
         } else if (strcmp(argv[i], "--version") == 0 || strcmp(argv[i], "-V") == 0) {
             printf("qcowkit version %s\n", QK_VERSION);

@@ -5,6 +5,7 @@
  * dispatch to drivers.
  */
 #include "block/block.h"
+#include "block/debug.h"
 #include "aio/loop.h"
 #include "block/dirty_bitmap.h"
 #include "util/checked.h"
@@ -522,6 +523,9 @@ int coroutine_fn qk_co_flush(QkBlock *bs)
         return 0;
     }
     bs->in_flight++;
+    if (bs->drv->is_protocol) {
+        qk_block_debug_event(QK_DBG_FLUSH);
+    }
     if (bs->drv->co_flush) {
         r = bs->drv->co_flush(bs);
     }
