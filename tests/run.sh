@@ -131,11 +131,12 @@ done
 run_crash() { # name kind config qcowkit
   want "$1" || return 0
   local d="$scratch/c.$RANDOM$RANDOM"; mkdir -p "$d"
+  local t0=$SECONDS
   (cd "$d" && QCOWKIT="$4" TEST_DIR="$d" timeout 900 bash "$top/tests/crash/run.sh" --only "$2" "$3" >"$d/log" 2>&1)
   local st=$?
   grep -E '^(PASS|FAIL) ' "$d/log"
   [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && tail -n 40 "$d/log"
-  record "$1" "$st"
+  record "$1" "$st" $((SECONDS - t0))
   rm -rf "$d"
 }
 for cfg in $(python3 tests/crash/powerloss.py --list); do
