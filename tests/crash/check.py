@@ -8,6 +8,7 @@ Owns: the per-state checks and their failure messages.
 """
 import json
 import os
+import re
 import subprocess
 
 from verify import verify_guest
@@ -37,15 +38,19 @@ class Checker:
     def check(self, image, hist, epoch, deep=False, rng=None):
         """Returns a list of failure messages (empty: the state is fine)."""
         fails = []
+        pending = hist.ops[epoch + 1] if epoch + 1 < len(hist.ops) else []
+        snap_pending = any(op.kind.startswith("snap") for op in pending)
+        self.tolerated = False
         rc, out = _run(["qemu-img", "check", "-f", "qcow2", image], self.env)
-        if rc not in (0, 3):
+        if rc not in (0, 3) and not (snap_pending and _copied_window_only(rc, out)):
             fails.append("qemu-img check exited %d:\n%s" % (rc, _tail(out)))
+        elif rc not in (0, 3):
+            self.tolerated = True
         rc, out2 = _run([self.qcowkit, "check", "-f", "qcow2", image], self.env)
-        if rc not in (0, 3):
+        if rc not in (0, 3) and not (snap_pending and _copied_window_only(rc, out2)):
             fails.append("qcowkit check exited %d:\n%s" % (rc, _tail(out2)))
         if fails and rc not in (0, 2, 3):
             return fails  # qcowkit could not even open it; reading would say the same
-        pending = hist.ops[epoch + 1] if epoch + 1 < len(hist.ops) else []
         bad = verify_guest(self.qcowkit, image, hist.images[epoch], pending, hist.snaps[epoch], self.env)
         if bad:
             fails.append("guest data after epoch %d (pending: %s):\n  %s" % (
@@ -98,6 +103,35 @@ class Checker:
         if bad:
             fails.append("snapshot %s contents after applying it:\n  %s" % (name, "\n  ".join(bad)))
         return fails
+
+
+# A snapshot operation changes refcounts and the L1/L2 COPIED flags, which
+# qcow2 wants to agree (COPIED iff refcount 1), in separate writes; without
+# lazy refcounts some crash window between them is unavoidable. QEMU clears
+# COPIED first (flushed) and raises refcounts after, so its window reads
+# "ERROR OFLAG_COPIED ... refcount=1" for entries that lost COPIED: harmless,
+# the next write copies. The other direction, COPIED still set on a cluster
+# whose refcount is already 2, lets a write land in place in a cluster a
+# snapshot shares; that stays a failure. So while a snapshot operation is
+# pending, a check whose only errors are the harmless kind is tolerated.
+_COPIED = re.compile(r"^ERROR OFLAG_COPIED (data|L2) cluster: (l2_entry|l1_index=\d+ l1_entry)=([0-9a-f]+) "
+                     r"refcount=(\d+)$")
+
+
+def _copied_window_only(rc, out):
+    if rc != 2:
+        return False
+    errors = [x.strip() for x in out.splitlines() if x.strip().startswith("ERROR")]
+    if not errors:
+        return False
+    for e in errors:
+        m = _COPIED.match(e)
+        if not m:
+            return False
+        copied = int(m.group(3), 16) >> 63
+        if copied or int(m.group(4)) != 1:
+            return False
+    return True
 
 
 def _created(hist, epoch, name):
