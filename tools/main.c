@@ -54,6 +54,7 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
     int i = 1;
+    bool aio_threads = false;
     while (i < argc && argv[i][0] == '-') {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
@@ -65,6 +66,7 @@ int main(int argc, char **argv)
             printf("qcowkit version %s\n", QK_VERSION);
             return 0;
         } else if (strcmp(argv[i], "--aio") == 0 && i + 1 < argc) {
+            aio_threads = strcmp(argv[i + 1], "threads") == 0;
             if (qk_aio_set_backend_name(argv[i + 1]) < 0) {
                 qk_tool_error("Invalid aio backend '%s' (use io_uring or threads)", argv[i + 1]);
                 return 1;
@@ -97,6 +99,12 @@ int main(int argc, char **argv)
     if (!c) {
         qk_tool_error("unknown command '%s' (try 'qcowkit --help')", name);
         return 1;
+    }
+    /* The library falls back to the thread pool silently; say so here. */
+    const char *want = getenv("QCOWKIT_AIO");
+    if (strcmp(qk_loop_backend_name(qk_loop_get()), "io_uring") != 0 && !(want && strcmp(want, "threads") == 0) &&
+        !aio_threads) {
+        fprintf(stderr, "%s: io_uring unavailable, using the thread pool\n", qk_progname);
     }
     /* getopt in subcommands starts from argv[0] = command name. */
     int r = c->run(argc - i, argv + i);

@@ -8,7 +8,15 @@
  * Errors: functions return 0 (or a non-negative count) on success and a
  * negative errno on failure; -EUCLEAN (QK_ECORRUPT) means the image is
  * corrupt rather than the I/O failing. When `errbuf` is non-NULL it receives
- * a one-line message.
+ * a one-line message. The library never prints, and never exits or aborts
+ * on bad input or an I/O error.
+ *
+ * Memory: an allocation for data (buffers, tables, requests) that fails
+ * is reported as -ENOMEM. The process is aborted only when the engine's
+ * own bookkeeping cannot be allocated or set up (a coroutine stack, an
+ * event loop, a few iovecs) or the kernel refuses an io_uring submission
+ * that was already prepared: states it cannot unwind without losing
+ * track of requests in flight.
  */
 #ifndef QCOWKIT_QCOWKIT_H
 #define QCOWKIT_QCOWKIT_H
@@ -30,6 +38,13 @@ const char *qk_version(void);
 /* qk_strerror - a message for a negative errno this library returned
  * (-EUCLEAN: "image is corrupt"). Never NULL; the string is static. */
 const char *qk_strerror(int err);
+
+/* qk_set_aio_backend - "io_uring", "threads" or "default" (io_uring,
+ * falling back to threads): the I/O backend of event loops created from now
+ * on (each thread's first call, each async image's engine). The same as the
+ * QCOWKIT_AIO environment variable, which applies only while no backend
+ * was set this way. Returns 0 or -EINVAL. Safe from any thread. */
+int qk_set_aio_backend(const char *name);
 
 typedef struct QkImage QkImage;
 

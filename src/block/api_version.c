@@ -1,8 +1,9 @@
 /*
- * The public API's version and error strings (qk_version, qk_strerror):
- * what a program linked against the shared library can ask at run time.
+ * The public API's process-wide calls: version, error strings and the
+ * choice of I/O backend (qk_version, qk_strerror, qk_set_aio_backend).
  */
 #include "qcowkit/qcowkit.h"
+#include "aio/loop.h"
 #include "util/error.h"
 
 #include <errno.h>
@@ -24,4 +25,9 @@ const char *qk_strerror(int err)
     /* glibc returns its static message for every known code. */
     const char *m = strerror(-err);
     return m ? m : "Unknown error";
+}
+
+int qk_set_aio_backend(const char *name)
+{
+    return name ? qk_aio_set_backend_name(name) : -EINVAL;
 }

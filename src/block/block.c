@@ -62,6 +62,12 @@ static QkBlock *node_new(const QkBlockDriver *drv, const char *filename, int fla
     bs->drv = drv;
     bs->opaque = drv->instance_size ? calloc(1, drv->instance_size) : NULL;
     bs->filename = strdup(filename);
+    if (!bs->filename || (drv->instance_size && !bs->opaque)) {
+        free(bs->opaque);
+        free(bs->filename);
+        free(bs);
+        return NULL;
+    }
     bs->open_flags = flags;
     bs->read_only = !(flags & QK_OPEN_RDWR);
     bs->request_alignment = 1;
@@ -496,6 +502,9 @@ int coroutine_fn qk_co_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t bytes, 
         }
         free(z);
     }
+    if (r == 0 && (bs->open_flags & QK_OPEN_WRITETHROUGH) && !bs->drv->is_protocol) {
+        r = qk_co_flush(bs); /* writethrough covers every modification, as for data */
+    }
     return write_end(bs, r, QK_WRITE_ZEROES, off, bytes, NULL, 0, flags);
 }
 
@@ -512,6 +521,9 @@ int coroutine_fn qk_co_pdiscard(QkBlock *bs, uint64_t off, uint64_t bytes)
     r = bs->drv->co_pdiscard(bs, off, bytes);
     if (r == -ENOTSUP) {
         r = 0;
+    }
+    if (r == 0 && (bs->open_flags & QK_OPEN_WRITETHROUGH) && !bs->drv->is_protocol) {
+        r = qk_co_flush(bs);
     }
     return write_end(bs, r, QK_WRITE_DISCARD, off, bytes, NULL, 0, 0);
 }
