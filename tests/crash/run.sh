@@ -4,7 +4,7 @@
 # every configuration in workload.py's SHORT list.
 #   bash tests/crash/run.sh            short form (a few minutes)
 #   bash tests/crash/run.sh --long     long form (hours: many seeds, thousands of kills)
-#   bash tests/crash/run.sh --only powerloss|sigkill CONFIG   one short test (tests/run.sh uses this)
+#   bash tests/crash/run.sh --only powerloss|sigkill CONFIG [OPTIONS]   one short test (tests/run.sh uses this)
 # Options after the form go to both scripts (e.g. --seed N, --keep DIR).
 # Last line: "crash: states checked N, failures N"; exit 1 on any failure.
 set -u
