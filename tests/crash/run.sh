@@ -2,7 +2,7 @@
 # Crash-state tests (see README, "Crash tests"): power-loss states rebuilt
 # from the write log (powerloss.py) and SIGKILL rounds (sigkill.py), on
 # every configuration in workload.py's SHORT list.
-#   bash tests/crash/run.sh            short form (a few minutes)
+#   bash tests/crash/run.sh            short form (about 10 minutes on a busy 2-core machine)
 #   bash tests/crash/run.sh --long     long form (hours: many seeds, thousands of kills)
 #   bash tests/crash/run.sh --only powerloss|sigkill CONFIG [OPTIONS]   one short test (tests/run.sh uses this)
 # Options after the form go to both scripts (e.g. --seed N, --keep DIR).
