@@ -124,6 +124,28 @@ for t in tests/interop/*.sh; do
   rm -rf "$d"
 done
 
+# Crash-state tests (tests/crash/): power-loss states replayed from the
+# write log and SIGKILL rounds, one test per configuration, smaller than
+# tests/crash/run.sh's short form so the lot takes a few minutes; the
+# test's own PASS/FAIL line (states checked, failures) is shown above its
+# record. crash/powerloss-c4k-asan runs everything with the ASan/UBSan build.
+run_crash() { # name kind config qcowkit [options for the test]
+  want "$1" || return 0
+  local d="$scratch/c.$RANDOM$RANDOM"; mkdir -p "$d"
+  local t0=$SECONDS
+  (cd "$d" && QCOWKIT="$4" TEST_DIR="$d" timeout 900 bash "$top/tests/crash/run.sh" --only "$2" "$3" "${@:5}" >"$d/log" 2>&1)
+  local st=$?
+  grep -E '^(PASS|FAIL) ' "$d/log"
+  [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && tail -n 40 "$d/log"
+  record "$1" "$st" $((SECONDS - t0))
+  rm -rf "$d"
+}
+for cfg in $(python3 tests/crash/powerloss.py --list); do
+  run_crash "crash/powerloss-$cfg" powerloss "$cfg" "$QCOWKIT" --epochs 8
+  run_crash "crash/sigkill-$cfg" sigkill "$cfg" "$QCOWKIT" --rounds 8
+done
+run_crash "crash/powerloss-c4k-asan" powerloss c4k "$QCOWKIT_ASAN" --epochs 4
+
 if [ ${#failed_names[@]} -gt 0 ]; then
   printf 'failed: %s\n' "${failed_names[@]}"
 fi

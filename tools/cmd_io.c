@@ -29,7 +29,7 @@ static const char *const usage_text =
     "                of its cluster (reference behaviour for race tests)\n"
     "\n"
     "Commands: read, write, aio_read, aio_write, aio_flush, discard, flush,\n"
-    "map, alloc, length, info, sleep, help, quit ('help' lists their options).\n";
+    "map, alloc, length, info, sleep, mark, help, quit ('help' lists their options).\n";
 
 typedef struct IoRun {
     QkIo io;

@@ -7,9 +7,14 @@
  * in-flight write that touches the same blocks (and they against it): two
  * RMWs of one block must not interleave or one would undo the other.
  *
+ * With QCOWKIT_LOG_WRITES set, a file opened read-write also records what
+ * is done to it in the write log (block/writelog.h); off, that costs one
+ * test of s->log per request.
+ *
  * Owns: host fd, alignment, bounce buffers, RMW serialisation.
  */
 #include "block/block.h"
+#include "block/writelog.h"
 #include "aio/aio.h"
 #include "util/checked.h"
 
@@ -36,7 +41,23 @@ typedef struct FileState {
     bool no_flush;
     bool is_block_dev;
     Tracked *writes;         /* in-flight writes, only tracked under O_DIRECT */
+    QkWriteLog *log;         /* NULL unless QCOWKIT_LOG_WRITES is set */
 } FileState;
+
+/* fdatasync, logged as a flush when the write log is on. */
+static int coroutine_fn file_sync(FileState *s, int log_flags)
+{
+    if (!s->log) {
+        return qk_co_host_fdatasync(s->fd);
+    }
+    int64_t id = qk_write_log_flush_begin(s->log, log_flags);
+    if (id < 0) {
+        return (int)id;
+    }
+    int r = qk_co_host_fdatasync(s->fd);
+    int lr = qk_write_log_flush_end(s->log, id, r);
+    return r < 0 ? r : lr;
+}
 
 static void detect_alignment(QkBlock *bs, FileState *s)
 {
@@ -88,6 +109,14 @@ static int coroutine_fn file_open(QkBlock *bs, const QkOpenOptions *opts, QkErro
     if (s->direct) {
         detect_alignment(bs, s);
     }
+    if (opts->flags & QK_OPEN_RDWR) {
+        int r = qk_write_log_attach(bs->filename, &s->log, err);
+        if (r < 0) {
+            close(s->fd);
+            s->fd = -1;
+            return r;
+        }
+    }
     return 0;
 }
 
@@ -97,6 +126,10 @@ static void coroutine_fn file_close(QkBlock *bs)
     if (s->fd >= 0) {
         close(s->fd);
         s->fd = -1;
+    }
+    if (s->log) {
+        qk_write_log_detach(s->log);
+        s->log = NULL;
     }
 }
 
@@ -264,9 +297,12 @@ static int coroutine_fn file_pwritev(QkBlock *bs, uint64_t off, uint64_t bytes, 
         }
         track_end(s, &t);
     }
+    if (r == 0 && s->log) {
+        r = qk_write_log_data(s->log, off, sub.iov, sub.niov, bytes);
+    }
     qk_iov_destroy(&sub);
     if (r == 0 && (flags & QK_REQ_FUA) && !s->no_flush) {
-        r = qk_co_host_fdatasync(s->fd);
+        r = file_sync(s, QK_WLOG_F_FUA);
     }
     return r;
 }
@@ -289,6 +325,9 @@ static int coroutine_fn file_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t b
     if ((flags & QK_REQ_MAY_UNMAP) && !past_eof) {
         r = qk_co_host_fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, bytes);
         if (r == 0) {
+            if (s->log) {
+                r = qk_write_log_op(s->log, QK_WLOG_ZERO, QK_WLOG_F_UNMAP, off, bytes);
+            }
             goto out;
         }
     }
@@ -296,9 +335,12 @@ static int coroutine_fn file_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t b
     if (r == -EOPNOTSUPP || r == -ENOSYS || r == -EINVAL) {
         r = -ENOTSUP;
     }
+    if (r == 0 && s->log) {
+        r = qk_write_log_op(s->log, QK_WLOG_ZERO, 0, off, bytes);
+    }
 out:
     if (r == 0 && (flags & QK_REQ_FUA) && !s->no_flush) {
-        r = qk_co_host_fdatasync(s->fd);
+        r = file_sync(s, QK_WLOG_F_FUA);
     }
     return r;
 }
@@ -310,6 +352,9 @@ static int coroutine_fn file_pdiscard(QkBlock *bs, uint64_t off, uint64_t bytes)
         return 0;
     }
     int r = qk_co_host_fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, bytes);
+    if (r == 0 && s->log) {
+        r = qk_write_log_op(s->log, QK_WLOG_DISCARD, 0, off, bytes);
+    }
     return r == -EOPNOTSUPP ? 0 : r;
 }
 
@@ -319,7 +364,7 @@ static int coroutine_fn file_flush(QkBlock *bs)
     if (s->no_flush) {
         return 0;
     }
-    return qk_co_host_fdatasync(s->fd);
+    return file_sync(s, 0);
 }
 
 static int64_t file_get_length(QkBlock *bs)
@@ -384,6 +429,9 @@ static int coroutine_fn file_truncate(QkBlock *bs, uint64_t size, QkPrealloc pre
     int r = qk_co_host_ftruncate(s->fd, size);
     if (r < 0) {
         return qk_error_set_errno(err, r, "Could not resize file");
+    }
+    if (s->log && (r = qk_write_log_op(s->log, QK_WLOG_TRUNCATE, 0, size, 0)) < 0) {
+        return qk_error_set_errno(err, r, "Could not log the resize");
     }
     if (old >= 0 && size > (uint64_t)old && prealloc != QK_PREALLOC_OFF && prealloc != QK_PREALLOC_METADATA) {
         r = qk_co_host_fallocate(s->fd, 0, (uint64_t)old, size - (uint64_t)old);

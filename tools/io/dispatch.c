@@ -16,6 +16,7 @@ static const QkIoCmd *const families[] = {
     qk_io_status_cmds,
     qk_io_misc_cmds,
     qk_io_debug_cmds,
+    qk_io_mark_cmds,
 };
 
 #define MAX_WORDS 64

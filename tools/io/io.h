@@ -39,6 +39,7 @@ extern const QkIoCmd qk_io_rw_cmds[];
 extern const QkIoCmd qk_io_status_cmds[];
 extern const QkIoCmd qk_io_misc_cmds[];
 extern const QkIoCmd qk_io_debug_cmds[];   /* debug.c: break, wait_break, resume */
+extern const QkIoCmd qk_io_mark_cmds[];    /* mark.c: mark (crash tests) */
 
 /* rw.c: waits for every aio_ request; -EIO if any of them failed. */
 int coroutine_fn qk_io_aio_drain(QkIo *io);
