@@ -2,7 +2,8 @@
 # Builds qcowkit (normal and ASan/UBSan) and runs every test:
 #   unit tests (each on the io_uring and the threads backend, and again
 #   under the sanitizers), functional tests (golden output) and interop
-#   tests (QEMU's tools as the judge). Last line: "N passed, N failed, N skipped".
+#   tests (QEMU's tools as the judge), and a short run of each fuzz target
+#   (tests/fuzz/run.sh; needs clang). Last line: "N passed, N failed, N skipped".
 # Usage: tests/run.sh [--quick] [PATTERN]   (PATTERN filters test names)
 set -u
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -90,6 +91,17 @@ for t in tests/interop/*.sh; do
   [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && tail -n 40 "$d/log"
   record "$name" "$st"
   rm -rf "$d"
+done
+
+# Fuzz targets (clang, build-fuzz/): each replays its regression inputs,
+# then fuzzes 20 s from the seed corpus. tests/fuzz/run.sh --long runs longer.
+for t in image check nbd control; do
+  name="fuzz/$t"
+  want "$name" || continue
+  out=$(bash tests/fuzz/run.sh --short 20 "$t" 2>&1)
+  st=$?
+  [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && printf '%s\n' "$out" | tail -n 60
+  record "$name" "$st"
 done
 
 if [ ${#failed_names[@]} -gt 0 ]; then

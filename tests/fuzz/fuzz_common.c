@@ -6,6 +6,7 @@
 #include "block/block.h"
 
 #include <dirent.h>
+#include <stdarg.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,22 @@ void fuzz_init(void)
     signal(SIGXFSZ, SIG_IGN);
     struct rlimit rl = {FUZZ_MAX_FILE, FUZZ_MAX_FILE};
     setrlimit(RLIMIT_FSIZE, &rl);
+}
+
+void fuzz_debug(const char *fmt, ...)
+{
+    static int on = -1;
+    if (on < 0) {
+        on = getenv("FUZZ_DEBUG") != NULL;
+    }
+    if (!on) {
+        return;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
 }
 
 int fuzz_memfd(const uint8_t *data, size_t len, char *path, size_t pathlen)

@@ -21,6 +21,10 @@
  * filling memory. */
 void fuzz_init(void);
 
+/* Prints a line to stderr when FUZZ_DEBUG is set (to see why an input
+ * goes nowhere, e.g. an image the open refuses). */
+void fuzz_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* A memfd holding len bytes of data; -1 on failure. *path gets the name
  * the library opens it by ("/proc/self/fd/N"). */
 int fuzz_memfd(const uint8_t *data, size_t len, char *path, size_t pathlen);

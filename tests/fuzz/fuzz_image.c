@@ -60,6 +60,7 @@ static void coroutine_fn run_co(void *opaque)
     QkOpenOptions o = {.flags = QK_OPEN_NO_BACKING, .format = "qcow2"};
     QkBlock *bs = qk_co_block_open(r->path, &o, &err);
     if (!bs) {
+        fuzz_debug("open: %s", err.msg);
         return;
     }
     QkImageInfo info;
@@ -69,6 +70,7 @@ static void coroutine_fn run_co(void *opaque)
     if (qk_co_snapshot_list(bs, &list, &n, &err) == 0) {
         qk_snapshot_list_free(list, n);
     }
+    fuzz_debug("open: %s, %llu bytes, %d snapshots", info.format, (unsigned long long)info.virtual_size, n);
     read_all(bs, r->buf);
     qk_co_block_close(bs);
 }
