@@ -68,10 +68,14 @@ for t in "${args[@]}"; do
     mkdir -p "$work" "$crashes" "$top/build-fuzz/logs"
     log=$top/build-fuzz/logs/$t.$(date +%Y%m%d-%H%M%S).log
     echo "fuzz/$t: ${seconds}s, log $log"
-    "$bin" "${opts[@]}" -max_total_time="$seconds" -artifact_prefix="$crashes/" \
-      "$work" "$seeds" >"$log" 2>&1
+    # The CPU the fuzzer got (the machine may be shared): bash's time
+    # keyword, written into the log.
+    TIMEFORMAT="cpu: %U s user, %S s sys, %R s wall"
+    { time "$bin" "${opts[@]}" -max_total_time="$seconds" -artifact_prefix="$crashes/" \
+        "$work" "$seeds" >"$log" 2>&1; } 2>>"$log.time"
     st=$?
-    grep -E '^(stat::|Done )|^SUMMARY|ERROR:' "$log" | head -n 12
+    cat "$log.time" >>"$log" && rm -f "$log.time"
+    grep -E '^(stat::|Done |cpu: )|^SUMMARY|ERROR:' "$log" | head -n 12
     [ $st -eq 0 ] && echo "PASS fuzz/$t" || { echo "FAIL fuzz/$t (status $st; see $log)"; failed=1; }
     continue
   fi
