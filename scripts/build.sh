@@ -1,16 +1,27 @@
 #!/usr/bin/env bash
-# Builds qcowkit into build/ (or build-asan/ with ASan + UBSan: `build.sh asan`).
+# Builds qcowkit into build/ (or build-asan/ with ASan + UBSan: `build.sh asan`,
+# or build-fuzz/ with clang, ASan + UBSan and the libFuzzer targets of
+# tests/fuzz: `build.sh fuzz`).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
-if [ "${1:-}" = asan ]; then
-  dir=build-asan
-  opts=(-Db_sanitize=address,undefined -Db_lundef=false -Doptimization=1)
-else
-  dir=build
-  opts=()
-fi
+envs=()
+case "${1:-}" in
+  asan)
+    dir=build-asan
+    opts=(-Db_sanitize=address,undefined -Db_lundef=false -Doptimization=1)
+    ;;
+  fuzz)
+    dir=build-fuzz
+    opts=(-Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false -Doptimization=1)
+    envs=(CC=clang)
+    ;;
+  *)
+    dir=build
+    opts=()
+    ;;
+esac
 if [ ! -f "$dir/build.ninja" ]; then
-  meson setup "$dir" "${opts[@]}" >/dev/null
+  env "${envs[@]}" meson setup "$dir" "${opts[@]}" >/dev/null
 fi
 ninja -C "$dir"

@@ -2,7 +2,9 @@
 # Builds qcowkit (normal and ASan/UBSan) and runs every test:
 #   unit tests (each on the io_uring and the threads backend, and again
 #   under the sanitizers), functional tests (golden output) and interop
-#   tests (QEMU's tools as the judge). Last line: "N passed, N failed, N skipped".
+#   tests (QEMU's tools as the judge), crash-state tests (tests/crash/) and
+#   a short run of each fuzz target (tests/fuzz/run.sh; needs clang).
+#   Last line: "N passed, N failed, N skipped".
 # Usage: tests/run.sh [PATTERN]   (PATTERN filters test names; a run that
 # matches no test fails, so a mistyped pattern cannot pass as a green run)
 set -u
@@ -145,6 +147,18 @@ for cfg in $(python3 tests/crash/powerloss.py --list); do
   run_crash "crash/sigkill-$cfg" sigkill "$cfg" "$QCOWKIT" --rounds 8
 done
 run_crash "crash/powerloss-c4k-asan" powerloss c4k "$QCOWKIT_ASAN" --epochs 4
+
+# Fuzz targets (clang, build-fuzz/): each replays its regression inputs,
+# then fuzzes 20 s from the seed corpus. tests/fuzz/run.sh --long runs longer.
+for t in image check nbd control; do
+  name="fuzz/$t"
+  want "$name" || continue
+  t0=$SECONDS
+  out=$(bash tests/fuzz/run.sh --short 20 "$t" 2>&1)
+  st=$?
+  [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && printf '%s\n' "$out" | tail -n 60
+  record "$name" "$st" $((SECONDS - t0))
+done
 
 if [ ${#failed_names[@]} -gt 0 ]; then
   printf 'failed: %s\n' "${failed_names[@]}"

@@ -44,6 +44,11 @@ extern const QkControlTable qk_control_bitmap_table;  /* block-dirty-bitmap-* */
 
 /* Cancels every job and waits for them (before exports close at shutdown). */
 void coroutine_fn qk_co_control_jobs_shutdown(void);
+/* The id of a job that has not finished and uses export NAME's node (the
+ * mirror source, or after the switch the target the export serves), or
+ * NULL. Such an export must not be removed or mirrored again: nodes are
+ * not reference counted, and the job would use a closed node. */
+const char *qk_control_export_job(const char *name);
 
 typedef struct QkControl QkControl;
 

@@ -65,6 +65,12 @@ static json_t *coroutine_fn cmd_export_del(QkDaemon *d, json_t *args, QkError *e
     if (qk_control_arg_string(args, "name", true, &name, err) < 0) {
         return NULL;
     }
+    const char *job = qk_control_export_job(name);
+    if (job) {
+        /* Closing the node would leave the job reading a freed node. */
+        qk_error_set(err, -EBUSY, "Export '%s' is in use by job '%s'", name, job);
+        return NULL;
+    }
     /* name points into args, which the dispatcher keeps alive across the yield. */
     if (qk_co_nbd_server_del_export(qk_daemon_nbd_server(d), name, err) < 0) {
         return NULL;

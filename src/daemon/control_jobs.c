@@ -52,6 +52,28 @@ static void ctx_free(JobCtx *c)
     free(c);
 }
 
+const char *qk_control_export_job(const char *name)
+{
+    /* source and target are cleared once the job no longer uses them. */
+    for (JobCtx *c = contexts; c; c = c->next) {
+        if ((c->source || c->target) && strcmp(c->export_name, name) == 0) {
+            return c->job ? c->job->id : "(starting)";
+        }
+    }
+    return NULL;
+}
+
+/* Refuses a second job on an export: when one switched the export to its
+ * target, the other's source would be closed under it. */
+static int check_export_idle(const char *name, QkError *err)
+{
+    const char *busy = qk_control_export_job(name);
+    if (busy) {
+        return qk_error_set(err, -EBUSY, "Export '%s' is in use by job '%s'", name, busy);
+    }
+    return 0;
+}
+
 static QkJob *find_job(json_t *args, QkError *err)
 {
     const char *id;
@@ -137,6 +159,9 @@ static json_t *coroutine_fn cmd_mirror_start(QkDaemon *d, json_t *args, QkError 
         qk_error_set(err, -EINVAL, "Parameter 'target-cache' expects none, writeback, writethrough, directsync or unsafe");
         return NULL;
     }
+    if (check_export_idle(exp_name, err) < 0) {
+        return NULL;
+    }
     /* A local target that does not exist yet is created like the source. */
     struct stat sb;
     if (!qk_block_is_nbd_uri(target) && stat(target, &sb) != 0) {
@@ -155,8 +180,12 @@ static json_t *coroutine_fn cmd_mirror_start(QkDaemon *d, json_t *args, QkError 
         qk_error_prefix(err, "Could not open target '%s'", target);
         return NULL;
     }
-    /* The export may have gone while we yielded. */
+    /* The export may have gone, or another job taken it, while we yielded. */
     e = qk_nbd_server_find_export(qk_daemon_nbd_server(d), exp_name);
+    if (e && check_export_idle(exp_name, err) < 0) {
+        qk_co_block_close(tbs);
+        return NULL;
+    }
     JobCtx *c = calloc(1, sizeof(*c));
     if (!e || !c || !(c->export_name = strdup(exp_name))) {
         free(c);

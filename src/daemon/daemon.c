@@ -196,6 +196,25 @@ int qk_daemon_run(const QkDaemonConfig *cfg, QkError *err)
     return d.ret;
 }
 
+QkDaemon *qk_daemon_new_detached(QkNbdServer *srv)
+{
+    /* A config with nothing in it: start() never runs for this daemon. */
+    static const QkDaemonConfig none;
+    QkDaemon *d = calloc(1, sizeof(*d));
+    if (d) {
+        d->cfg = &none;
+        d->srv = srv;
+        d->sigfd = -1;
+        qk_co_queue_init(&d->wake);
+    }
+    return d;
+}
+
+void qk_daemon_free_detached(QkDaemon *d)
+{
+    free(d);
+}
+
 /* ---- daemon-wide commands ---- */
 
 static json_t *coroutine_fn cmd_quit(QkDaemon *d, json_t *args, QkError *err)

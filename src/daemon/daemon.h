@@ -48,6 +48,13 @@ typedef struct QkDaemon QkDaemon;
  * startup failed. */
 int qk_daemon_run(const QkDaemonConfig *cfg, QkError *err);
 
+/* A daemon around an existing NBD server with no sockets, signals or
+ * pidfile, for driving control commands through qk_co_control_execute()
+ * directly (the control fuzzer). The server stays the caller's; "quit"
+ * only sets a flag. Free with qk_daemon_free_detached(). */
+QkDaemon *qk_daemon_new_detached(QkNbdServer *srv);
+void qk_daemon_free_detached(QkDaemon *d);
+
 /* For control commands. */
 QkNbdServer *qk_daemon_nbd_server(QkDaemon *d);
 void qk_daemon_request_quit(QkDaemon *d);

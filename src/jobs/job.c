@@ -100,21 +100,26 @@ static void coroutine_fn job_entry(void *opaque)
     int r = job->drv->run(job, &err);
     job->end_ns = qk_clock_ns();
     job->end_cpu_ns = process_cpu_ns();
+    QkJobState final;
     if (r == 0 && !job->cancel_requested) {
-        job->state = QK_JOB_COMPLETED;
+        final = QK_JOB_COMPLETED;
     } else if (r == -ECANCELED || (r == 0 && job->cancel_requested)) {
-        job->state = QK_JOB_CANCELLED;
+        final = QK_JOB_CANCELLED;
     } else {
-        job->state = QK_JOB_FAILED;
+        final = QK_JOB_FAILED;
         if (!err.code) {
             qk_error_set_errno(&err, r < 0 ? r : -EIO, "job failed");
         }
         job->err = err;
     }
-    qk_co_queue_wake_all(&job->finish_waiters);
+    /* The hook may yield (the daemon's closes images). The job becomes
+     * finished only after it returns: a waiter that saw it finished could
+     * dismiss it and free the job and the hook's context under the hook. */
     if (job->on_finished) {
         job->on_finished(job, job->finished_opaque);
     }
+    job->state = final;
+    qk_co_queue_wake_all(&job->finish_waiters);
 }
 
 void qk_job_start(QkJob *job)

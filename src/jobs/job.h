@@ -42,7 +42,9 @@ typedef struct QkJobDriver {
     void (*free)(QkJob *job);
 } QkJobDriver;
 
-/* Called once the job has reached a final state (from the job's coroutine). */
+/* Called once the job's run has returned, from the job's coroutine; it may
+ * yield. The job counts as finished (qk_job_is_finished, waiters woken)
+ * only after it returns, so its state still reads as before the end. */
 typedef void QkJobFinishedFn(QkJob *job, void *opaque);
 
 struct QkJob {

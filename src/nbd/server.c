@@ -203,6 +203,17 @@ static void start_client(QkNbdServer *srv, int fd)
     qk_coroutine_wake(qk_coroutine_create(client_entry, c));
 }
 
+int qk_nbd_server_add_client(QkNbdServer *srv, int fd)
+{
+    int r = qk_sock_set_nonblock(fd);
+    if (r < 0) {
+        close(fd);
+        return r;
+    }
+    start_client(srv, fd);
+    return 0;
+}
+
 /* ---- listeners ---- */
 
 static void coroutine_fn accept_entry(void *opaque)

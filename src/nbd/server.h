@@ -61,4 +61,9 @@ void coroutine_fn qk_co_nbd_server_shutdown(QkNbdServer *srv);
 
 unsigned qk_nbd_server_client_count(QkNbdServer *srv);
 
+/* Serves a socket that is already connected (the fuzzer hands over one
+ * end of a socketpair; socket activation would do the same). The server
+ * owns fd from here, on success and on failure. 0 or -errno. */
+int qk_nbd_server_add_client(QkNbdServer *srv, int fd);
+
 #endif

@@ -292,8 +292,11 @@ int qcow2_parse_extensions(Qcow2State *s, const uint8_t *c0, char **backing_fmt,
 {
     const Qcow2Header *h = &s->h;
     uint64_t pos = h->header_length;
-    /* Extensions end before the backing name, or at the end of cluster 0. */
-    uint64_t end = h->backing_file_offset ? h->backing_file_offset : s->cluster_size;
+    /* Extensions end before the backing name, or at the end of cluster 0.
+     * This runs before qcow2_validate_header (whose messages use the
+     * feature table found here), so the backing name offset is still
+     * unchecked: never look past cluster 0, which is all c0 holds. */
+    uint64_t end = h->backing_file_offset ? QK_MIN(h->backing_file_offset, s->cluster_size) : s->cluster_size;
     Qcow2Ext **tail = &s->exts;
     *backing_fmt = NULL;
     while (pos + 8 <= end) {
