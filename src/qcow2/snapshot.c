@@ -211,6 +211,58 @@ static int coroutine_fn update_active_tree(Qcow2State *s, int delta)
     return r < 0 ? r : sync_all(s);
 }
 
+/* Before a snapshot shares the active tree: clears COPIED on every entry
+ * of the L2 tables this image owns and on the L1 entries, and makes that
+ * durable, all before any refcount rises. A crash in between then leaves
+ * only entries without COPIED whose refcount is still 1 (the next write
+ * copies them; check -r sets the flag back), never COPIED on a cluster
+ * whose refcount already says it is shared. Shared L2 tables (L1 entry
+ * without COPIED) are not written: their entries are shared already. */
+static int coroutine_fn drop_copied_active(Qcow2State *s)
+{
+    bool l1_changed = false;
+    int r = 0;
+    for (uint64_t i = 0; i < s->l1_size && r == 0; i++) {
+        uint64_t l2off = s->l1[i] & QCOW2_L1E_OFFSET_MASK;
+        if (!l2off || !(s->l1[i] & QCOW2_OFLAG_COPIED)) {
+            continue;
+        }
+        if (!qk_is_aligned(l2off, s->cluster_size)) {
+            return -QK_ECORRUPT;
+        }
+        void *t;
+        r = qcow2_cache_get(s->l2_cache, l2off, &t);
+        if (r < 0) {
+            return r;
+        }
+        bool dirty = false;
+        for (uint64_t j = 0; j < s->l2_entries; j++) {
+            uint64_t bm;
+            uint64_t e = qcow2_l2_get(s, t, j, &bm);
+            if (e & QCOW2_OFLAG_COPIED) {
+                qcow2_l2_set(s, t, j, e & ~QCOW2_OFLAG_COPIED, bm);
+                dirty = true;
+            }
+        }
+        if (dirty) {
+            qcow2_cache_mark_dirty(s->l2_cache, t);
+        }
+        qcow2_cache_put(s->l2_cache, &t);
+        s->l1[i] &= ~QCOW2_OFLAG_COPIED;
+        l1_changed = true;
+    }
+    if (r == 0) {
+        r = sync_all(s);
+    }
+    if (r == 0 && l1_changed) {
+        r = rewrite_active_l1(s);
+        if (r == 0) {
+            r = qk_co_flush(s->bs->file);
+        }
+    }
+    return r;
+}
+
 static void begin(Qcow2State *s)
 {
     qk_co_block_quiesce_begin(s->bs);
@@ -299,7 +351,10 @@ static int coroutine_fn create_locked(Qcow2State *s, const QkSnapshotInfo *info,
         qk_error_set_errno(err, r, "Could not write the snapshot's L1 table");
         goto out;
     }
-    r = update_active_tree(s, 1);
+    r = drop_copied_active(s);
+    if (r == 0) {
+        r = update_active_tree(s, 1);
+    }
     if (r < 0) {
         qk_error_set_errno(err, r, "Could not update the refcounts");
         goto out;
