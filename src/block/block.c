@@ -253,38 +253,56 @@ QkBlock *qk_block_open(const char *filename, const QkOpenOptions *opts, QkError 
     return o.bs;
 }
 
-void coroutine_fn qk_co_block_close(QkBlock *bs)
+/* Keeps the first error: later ones are usually its consequences. */
+static void first_error(int *r, int e)
+{
+    if (*r == 0 && e < 0) {
+        *r = e;
+    }
+}
+
+int coroutine_fn qk_co_block_close(QkBlock *bs)
 {
     if (!bs) {
-        return;
+        return 0;
     }
+    int r = 0;
     qk_co_drain(bs);
     if (!bs->read_only) {
-        qk_co_flush(bs);
+        first_error(&r, qk_co_flush(bs));
     }
     if (bs->drv->co_close) {
-        bs->drv->co_close(bs);
+        first_error(&r, bs->drv->co_close(bs));
     }
     if (bs->backing) {
-        qk_co_block_close(bs->backing);
+        first_error(&r, qk_co_block_close(bs->backing));
     }
     if (bs->file) {
-        qk_co_block_close(bs->file);
+        first_error(&r, qk_co_block_close(bs->file));
     }
     qk_dirty_bitmap_remove_all(bs);
     node_free(bs);
+    return r;
 }
+
+typedef struct CloseCo {
+    QkBlock *bs;
+    int ret;
+} CloseCo;
 
 static void coroutine_fn close_entry(void *opaque)
 {
-    qk_co_block_close(opaque);
+    CloseCo *c = opaque;
+    c->ret = qk_co_block_close(c->bs);
 }
 
-void qk_block_close(QkBlock *bs)
+int qk_block_close(QkBlock *bs)
 {
+    CloseCo c = {.bs = bs};
     if (bs) {
-        qk_co_run(close_entry, bs);
+        qk_co_run(close_entry, &c);
     }
+    return c.ret;
 }
 
 int coroutine_fn qk_co_block_create(const char *filename, const QkCreateOptions *opts, QkError *err)

@@ -91,13 +91,16 @@ static int coroutine_fn file_open(QkBlock *bs, const QkOpenOptions *opts, QkErro
     return 0;
 }
 
-static void coroutine_fn file_close(QkBlock *bs)
+static int coroutine_fn file_close(QkBlock *bs)
 {
     FileState *s = bs->opaque;
-    if (s->fd >= 0) {
-        close(s->fd);
-        s->fd = -1;
+    int r = 0;
+    if (s->fd >= 0 && close(s->fd) < 0 && errno != EINTR) {
+        /* NFS and some FUSE file systems report write-back errors here. */
+        r = -errno;
     }
+    s->fd = -1;
+    return r;
 }
 
 /* Transfers exactly [off, off+q->size), resubmitting after short
@@ -425,7 +428,10 @@ static int coroutine_fn file_create(const char *filename, const QkCreateOptions 
         return err->code;
     }
     int r = file_truncate(bs, opts->size, opts->prealloc, err);
-    qk_co_block_close(bs);
+    int cr = qk_co_block_close(bs);
+    if (r == 0 && cr < 0) {
+        r = qk_error_set_errno(err, cr, "Could not close '%s'", filename);
+    }
     return r;
 }
 
