@@ -7,6 +7,7 @@
 #include "block/block.h"
 #include "aio/loop.h"
 #include "block/dirty_bitmap.h"
+#include "block/inject.h"
 #include "util/checked.h"
 
 #include <errno.h>
@@ -509,7 +510,7 @@ int coroutine_fn qk_co_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t bytes, 
             uint64_t n = QK_MIN((uint64_t)chunk, bytes - done);
             QkIov q;
             qk_iov_init_buf(&q, z, n);
-            r = bs->drv->co_pwritev(bs, off + done, n, &q, 0, flags & QK_REQ_FUA);
+            r = bs->drv->co_pwritev(bs, off + done, n, &q, 0, flags & (QK_REQ_FUA | QK_REQ_KIND_MASK));
         }
         free(z);
     }

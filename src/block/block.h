@@ -39,6 +39,8 @@ enum {
     QK_REQ_FUA = 1 << 0,           /* data is stable when the request completes */
     QK_REQ_MAY_UNMAP = 1 << 1,     /* zero write may deallocate */
     QK_REQ_NO_FALLBACK = 1 << 2,   /* zero write: fail with -ENOTSUP rather than write zeros */
+    /* Bits 8..11 say what a format driver writes to its file (QK_REQ_KIND
+     * in block/inject.h), so fault injection can pick metadata writes. */
 };
 
 /* Block status flags (a superset of what NBD base:allocation needs). */

@@ -11,6 +11,7 @@
  */
 #include "block/block.h"
 #include "aio/aio.h"
+#include "block/inject.h"
 #include "util/checked.h"
 
 #include <errno.h>
@@ -226,10 +227,13 @@ static int coroutine_fn file_pwritev(QkBlock *bs, uint64_t off, uint64_t bytes, 
                                      size_t qiov_off, int flags)
 {
     FileState *s = bs->opaque;
+    int r = qk_inject_write(flags);
+    if (r < 0) {
+        return r;
+    }
     QkIov sub;
     qk_iov_init(&sub, qiov->niov);
     qk_iov_concat(&sub, qiov, qiov_off, bytes);
-    int r;
     if (!s->direct) {
         r = host_write_full(s, off, &sub);
     } else {
@@ -286,7 +290,11 @@ static int coroutine_fn file_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t b
             return -ENOTSUP; /* the generic path does RMW correctly */
         }
     }
-    int r;
+    /* Counted once: a refusal above comes back as a plain write. */
+    int r = qk_inject_write(flags);
+    if (r < 0) {
+        return r;
+    }
     struct stat st;
     bool past_eof = fstat(s->fd, &st) == 0 && off + bytes > (uint64_t)st.st_size;
     if ((flags & QK_REQ_MAY_UNMAP) && !past_eof) {
@@ -322,7 +330,8 @@ static int coroutine_fn file_flush(QkBlock *bs)
     if (s->no_flush) {
         return 0;
     }
-    return qk_co_host_fdatasync(s->fd);
+    int r = qk_inject_flush();
+    return r < 0 ? r : qk_co_host_fdatasync(s->fd);
 }
 
 static int64_t file_get_length(QkBlock *bs)

@@ -202,7 +202,7 @@ int coroutine_fn qcow2_co_create(const char *filename, const QkCreateOptions *o,
         free(buf);
         return err->code ? err->code : -EIO;
     }
-    r = qk_co_pwrite(file, 0, 3ULL * cs, buf, 0);
+    r = qk_co_pwrite(file, 0, 3ULL * cs, buf, QK_REQ_KIND(QK_IO_HEADER));
     if (r == 0) {
         r = qk_co_flush(file);
     }

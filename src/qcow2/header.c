@@ -354,7 +354,7 @@ int coroutine_fn qcow2_write_header_field(Qcow2State *s, unsigned off, unsigned 
         return -EINVAL;
     }
     qcow2_header_to_be(&s->h, b);
-    return qk_co_pwrite(s->bs->file, off, len, b + off, 0);
+    return qk_co_pwrite(s->bs->file, off, len, b + off, QK_REQ_KIND(QK_IO_HEADER));
 }
 
 int coroutine_fn qcow2_set_incompat(Qcow2State *s, uint64_t incompat)

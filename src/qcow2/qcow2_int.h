@@ -12,6 +12,7 @@
 
 #include "aio/co_sync.h"
 #include "block/block.h"
+#include "block/inject.h"
 #include "qcow2/qcow2.h"
 #include "util/checked.h"
 #include "util/error.h"

@@ -78,7 +78,7 @@ int coroutine_fn qcow2_write_rt_entry(Qcow2State *s, uint64_t ti)
     }
     uint8_t b[8];
     qcow2_st64(b, s->rt[ti]);
-    return qk_co_pwrite(s->bs->file, s->rt_offset + ti * 8, 8, b, 0);
+    return qk_co_pwrite(s->bs->file, s->rt_offset + ti * 8, 8, b, QK_REQ_KIND(QK_IO_REFTABLE));
 }
 
 /* Writes zeros over [from, target) of the host file in large requests.
@@ -357,7 +357,8 @@ static int coroutine_fn grow_table(Qcow2State *s, uint64_t need_ti)
             r = qcow2_ensure_file_size(s, (start + nclusters) << s->cluster_bits);
         }
         if (r == 0) {
-            r = qk_co_pwrite(s->bs->file, start << s->cluster_bits, entries * 8, be, 0);
+            r = qk_co_pwrite(s->bs->file, start << s->cluster_bits, entries * 8, be,
+                             QK_REQ_KIND(QK_IO_REFTABLE));
         }
         free(be);
         if (r == 0) {
