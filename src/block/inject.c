@@ -216,12 +216,19 @@ int qk_inject_flush_slow(void)
 void qk_inject_stats(char *buf, size_t len)
 {
     size_t n = 0;
-    int w = snprintf(buf, len, "write %" PRIu64 " (", seen[QK_INJ_WRITE]);
-    for (int k = 0; k < QK_IO__KINDS && w >= 0 && (n += (size_t)w) < len; k++) {
-        w = snprintf(buf + n, len - n, "%s%s %" PRIu64, k ? ", " : "", op_names[k], seen[k]);
-    }
-    if (w >= 0 && n < len) {
-        snprintf(buf + n, len - n, "), flush %" PRIu64 "; %" PRIu64 " fault(s) injected",
-                 seen[QK_INJ_FLUSH], injected);
+    for (int k = -1; k <= QK_IO__KINDS && n < len; k++) {
+        int w;
+        if (k < 0) {
+            w = snprintf(buf, len, "write %" PRIu64 " (", seen[QK_INJ_WRITE]);
+        } else if (k < QK_IO__KINDS) {
+            w = snprintf(buf + n, len - n, "%s%s %" PRIu64, k ? ", " : "", op_names[k], seen[k]);
+        } else {
+            w = snprintf(buf + n, len - n, "), flush %" PRIu64 "; %" PRIu64 " fault(s) injected",
+                         seen[QK_INJ_FLUSH], injected);
+        }
+        if (w < 0) {
+            break;
+        }
+        n += (size_t)w;
     }
 }

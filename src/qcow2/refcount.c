@@ -71,13 +71,13 @@ int coroutine_fn qcow2_get_refcount(Qcow2State *s, uint64_t cluster, uint64_t *r
     return 0;
 }
 
-int coroutine_fn qcow2_write_rt_entry(Qcow2State *s, uint64_t ti)
+static int coroutine_fn write_rt_value(Qcow2State *s, uint64_t ti, uint64_t v)
 {
     if (ti >= s->rt_disk_size) {
         return 0; /* the table being built is written whole later */
     }
     uint8_t b[8];
-    qcow2_st64(b, s->rt[ti]);
+    qcow2_st64(b, v);
     return qk_co_pwrite(s->bs->file, s->rt_offset + ti * 8, 8, b, QK_REQ_KIND(QK_IO_REFTABLE));
 }
 
@@ -87,6 +87,11 @@ int coroutine_fn qcow2_write_rt_entry(Qcow2State *s, uint64_t ti)
  * exclusive lock, several times slower than a write into blocks that were
  * already written; writing the new space once, sequentially, turns every
  * later small write into the fast kind. */
+int coroutine_fn qcow2_write_rt_entry(Qcow2State *s, uint64_t ti)
+{
+    return write_rt_value(s, ti, s->rt[ti]);
+}
+
 static int coroutine_fn write_zeros(Qcow2State *s, uint64_t from, uint64_t target)
 {
     enum { CHUNK = 1 << 20 };
@@ -294,11 +299,15 @@ static int coroutine_fn alloc_block(Qcow2State *s, uint64_t ti)
             return r;
         }
         uint64_t t = self ? tb : ti;
-        s->rt[t] = b << s->cluster_bits;
-        r = qcow2_write_rt_entry(s, t);
+        /* In memory only once on disk: refcounts kept in a block the
+         * table on disk does not name would read as 0 after a failed
+         * write (the block's cluster leaks instead). */
+        r = write_rt_value(s, t, b << s->cluster_bits);
         if (r < 0) {
+            qcow2_cache_discard(s->rb_cache, b << s->cluster_bits);
             return r;
         }
+        s->rt[t] = b << s->cluster_bits;
         if (t == ti) {
             return 0;
         }
