@@ -342,6 +342,7 @@ static int coroutine_fn grow_table(Qcow2State *s, uint64_t need_ti)
         }
         memcpy(nt, s->rt, s->rt_size * 8);
         uint64_t *old = s->rt;
+        uint64_t old_size = s->rt_size;
         uint64_t old_off = s->rt_offset, old_clusters = s->rt_clusters;
         s->rt = nt;
         s->rt_size = entries;
@@ -379,10 +380,23 @@ static int coroutine_fn grow_table(Qcow2State *s, uint64_t need_ti)
             r = qcow2_write_header_field(s, QCOW2_HOFF_REFTABLE, 12);
         }
         if (r < 0) {
-            /* Keep the bigger in-memory table: refcounts already moved into it. */
+            /* Back to the table on disk. Blocks only the new table names
+             * are unreachable from it: forget them (they counted nothing
+             * but the new table's clusters, which leak at worst), so that
+             * no later refcount goes where no reader would look; the next
+             * allocation past the old table grows it again. Blocks the old
+             * range gained meanwhile were written into the old table. */
             s->h.refcount_table_offset = old_off;
             s->h.refcount_table_clusters = old_clusters;
-            free(old);
+            memcpy(old, nt, old_size * 8);
+            for (uint64_t i = old_size; i < entries; i++) {
+                if (nt[i] & QCOW2_REFT_OFFSET_MASK) {
+                    qcow2_cache_discard(s->rb_cache, nt[i] & QCOW2_REFT_OFFSET_MASK);
+                }
+            }
+            s->rt = old;
+            s->rt_size = old_size;
+            free(nt);
             return r;
         }
         s->rt_offset = start << s->cluster_bits;
