@@ -69,6 +69,9 @@ int coroutine_fn qcow2_flush_caches(Qcow2State *s)
     if (r == 0) {
         r = qcow2_cache_flush(s->l2_cache);
     }
+    if (r == 0 && s->l1_dirty) {
+        r = qcow2_rewrite_active_l1(s);
+    }
     return r;
 }
 

@@ -171,6 +171,7 @@ struct Qcow2State {
     uint64_t *l1;               /* host order */
     uint32_t l1_size;
     uint64_t l1_offset;
+    bool l1_dirty;              /* a rewrite of the active L1 failed; flush retries it */
 
     uint64_t *rt;               /* refcount table, host order */
     uint64_t rt_size;           /* entries in memory */

@@ -162,10 +162,18 @@ static int coroutine_fn write_l1(Qcow2State *s, uint64_t off, const uint64_t *l1
     return r;
 }
 
-/* Writes the in-memory active L1 back in place (after COPIED changes). */
-static int coroutine_fn rewrite_active_l1(Qcow2State *s)
+/* Writes the in-memory active L1 back in place (after COPIED changes).
+ * A failure leaves l1_dirty set, so the next flush (or close) tries again:
+ * COPIED flags on disk that disagree with the refcounts are corruption to
+ * qemu-img check. */
+int coroutine_fn qcow2_rewrite_active_l1(Qcow2State *s)
 {
-    return write_l1(s, s->l1_offset, s->l1, s->l1_size, false);
+    s->l1_dirty = true;
+    int r = write_l1(s, s->l1_offset, s->l1, s->l1_size, false);
+    if (r == 0) {
+        s->l1_dirty = false;
+    }
+    return r;
 }
 
 static int coroutine_fn read_l1(Qcow2State *s, uint64_t off, uint64_t n, uint64_t alloc_n, uint64_t **out)
@@ -204,9 +212,14 @@ static int coroutine_fn sync_all(Qcow2State *s)
 static int coroutine_fn update_active_tree(Qcow2State *s, int delta)
 {
     bool changed;
+    /* A walk that fails half way leaves some flags changed in memory. */
+    bool was_dirty = s->l1_dirty;
+    s->l1_dirty = true;
     int r = qcow2_walk_l1(s, s->l1, s->l1_size, delta, true, &changed);
-    if (r == 0 && changed) {
-        r = rewrite_active_l1(s);
+    if (r == 0 && (changed || was_dirty)) {
+        r = qcow2_rewrite_active_l1(s);
+    } else if (r == 0) {
+        s->l1_dirty = false;
     }
     return r < 0 ? r : sync_all(s);
 }
@@ -499,7 +512,7 @@ int coroutine_fn qcow2_drop_l1_tail(Qcow2State *s, uint64_t from)
     int r = 0;
     if (any) {
         /* Unhooked on disk before the references go. */
-        r = rewrite_active_l1(s);
+        r = qcow2_rewrite_active_l1(s);
         if (r == 0) {
             r = qk_co_flush(s->bs->file);
         }
