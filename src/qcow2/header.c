@@ -295,6 +295,7 @@ int qcow2_parse_extensions(Qcow2State *s, const uint8_t *c0, char **backing_fmt,
     /* Extensions end before the backing name, or at the end of cluster 0. */
     uint64_t end = h->backing_file_offset ? h->backing_file_offset : s->cluster_size;
     Qcow2Ext **tail = &s->exts;
+    unsigned count = 0;
     *backing_fmt = NULL;
     while (pos + 8 <= end) {
         uint32_t type = qcow2_ld32(c0 + pos);
@@ -305,6 +306,11 @@ int qcow2_parse_extensions(Qcow2State *s, const uint8_t *c0, char **backing_fmt,
         }
         if (!qk_range_within(pos, len, end)) {
             return qk_error_corrupt(err, "header extension %#x (%u bytes) overruns the header area", type, len);
+        }
+        if (++count > QCOW2_MAX_HEADER_EXTENSIONS) {
+            /* A 2 MiB header cluster holds 262144 empty ones, each kept. */
+            return qk_error_corrupt(err, "too many header extensions (more than %d): the list never ends",
+                                    QCOW2_MAX_HEADER_EXTENSIONS);
         }
         Qcow2Ext *e = calloc(1, sizeof(*e));
         if (!e || !(e->data = malloc(len ? len : 1))) {

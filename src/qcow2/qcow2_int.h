@@ -26,6 +26,9 @@
 #define QCOW2_MAX_SNAPSHOTS 65536
 #define QCOW2_MAX_SNAPSHOT_TABLE_BYTES (64ULL << 20)
 #define QCOW2_MAX_BACKING_NAME 1023
+/* Ours, not QEMU's (it reads extensions up to the end of cluster 0): real
+ * images carry a handful. */
+#define QCOW2_MAX_HEADER_EXTENSIONS 1024
 /* Host offsets must fit the 56-bit offset fields of L1/L2 entries. */
 #define QCOW2_MAX_HOST_OFFSET (1ULL << 56)
 
