@@ -15,6 +15,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static const QkBlockDriver *const drivers[] = {
@@ -161,13 +162,45 @@ static char *backing_path(const char *image, const char *backing)
     return p;
 }
 
+/* Images in a chain at most, the top included (QEMU has no fixed cap; a
+ * hostile chain of thousands of files would hold as many descriptors). */
 #define MAX_CHAIN 64
 
-static QkBlock *coroutine_fn open_depth(const char *filename, const QkOpenOptions *opts,
-                                        int depth, QkError *err)
+/* The images above the one being opened, to tell a loop from depth. */
+typedef struct ChainLink {
+    dev_t dev;
+    ino_t ino;
+    const struct ChainLink *up;
+} ChainLink;
+
+/* -ELOOP with a message when filename is already in the chain or the
+ * chain is too deep; fills *me for the image's own link. */
+static int chain_check(const char *filename, const ChainLink *up, int depth, ChainLink *me, QkError *err)
 {
-    if (depth > MAX_CHAIN) {
-        qk_error_set(err, -ELOOP, "backing chain of '%s' is too deep (loop?)", filename);
+    struct stat st;
+    *me = (ChainLink){.up = up};
+    if (!qk_block_is_nbd_uri(filename) && stat(filename, &st) == 0) {
+        me->dev = st.st_dev;
+        me->ino = st.st_ino;
+        for (const ChainLink *l = up; l; l = l->up) {
+            if (l->ino && l->dev == st.st_dev && l->ino == st.st_ino) {
+                return qk_error_set(err, -ELOOP, "backing chain loops: '%s' is its own backing file "
+                                    "%d level(s) down", filename, depth);
+            }
+        }
+    }
+    if (depth >= MAX_CHAIN) {
+        return qk_error_set(err, -ELOOP, "backing chain is too deep: '%s' would be image %d, "
+                            "at most %d are opened", filename, depth + 1, MAX_CHAIN);
+    }
+    return 0;
+}
+
+static QkBlock *coroutine_fn open_depth(const char *filename, const QkOpenOptions *opts,
+                                        int depth, const ChainLink *up, QkError *err)
+{
+    ChainLink me;
+    if (chain_check(filename, up, depth, &me, err) < 0) {
         return NULL;
     }
     const QkBlockDriver *drv = NULL;
@@ -212,7 +245,14 @@ static QkBlock *coroutine_fn open_depth(const char *filename, const QkOpenOption
         bo.flags &= ~QK_OPEN_RDWR;
         bo.format = bs->backing_format;
         QkError berr = {0};
-        bs->backing = path ? open_depth(path, &bo, depth + 1, &berr) : NULL;
+        bs->backing = path ? open_depth(path, &bo, depth + 1, &me, &berr) : NULL;
+        if (!bs->backing && berr.code == -ELOOP) {
+            /* Said once, not under one prefix per level. */
+            qk_error_set(err, berr.code, "%s", berr.msg);
+            free(path);
+            qk_co_block_close(bs);
+            return NULL;
+        }
         if (!bs->backing) {
             qk_error_set(err, berr.code ? berr.code : -ENOMEM,
                          "Could not open backing file: %s", berr.code ? berr.msg : "out of memory");
@@ -228,7 +268,7 @@ static QkBlock *coroutine_fn open_depth(const char *filename, const QkOpenOption
 QkBlock *coroutine_fn qk_co_block_open(const char *filename, const QkOpenOptions *opts, QkError *err)
 {
     QkOpenOptions def = {0};
-    QkBlock *bs = open_depth(filename, opts ? opts : &def, 0, err);
+    QkBlock *bs = open_depth(filename, opts ? opts : &def, 0, NULL, err);
     return bs;
 }
 
