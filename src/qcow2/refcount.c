@@ -291,6 +291,13 @@ static int coroutine_fn alloc_block(Qcow2State *s, uint64_t ti)
         qcow2_cache_mark_dirty(s->rb_cache, blk);
         r = qcow2_cache_write_one(s->rb_cache, blk);
         qcow2_cache_put(s->rb_cache, &blk);
+        if (r == 0 && !self) {
+            /* b's refcount sits in another block, still only in the cache:
+             * it must be on disk before the table names b, or a crash (or
+             * a write failing from here on) leaves b referenced with a
+             * refcount of 0. */
+            r = qcow2_cache_flush(s->rb_cache);
+        }
         if (r < 0) {
             return r;
         }
