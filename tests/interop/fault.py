@@ -219,8 +219,9 @@ def main():
             elif a.long:
                 ns = range(1, total + 1)
             else:
-                # The first, second, middle and last.
-                ns = sorted(set([n for n in (1, 2, total // 2, total) if 1 <= n <= total]))
+                # The first and last of each kind; the middle of all writes too.
+                pick = (1, total // 2, total) if kind == "write" else (1, total)
+                ns = sorted(set(n for n in pick if 1 <= n <= total))
             for n in ns:
                 runs += 1
                 rule = "%s:nth=%d:errno=%s:mode=%s" % (kind, n, a.errno, a.mode)
