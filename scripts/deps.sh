@@ -7,7 +7,7 @@ pkgs=(
   build-essential pkg-config meson ninja-build
   liburing-dev zlib1g-dev libzstd-dev libjansson-dev
   libnbd-dev libnbd-bin
-  qemu-utils fio time iproute2 gnuplot-nox python3
+  qemu-utils fio time iproute2 gnuplot-nox python3 strace
 )
 
 missing=()

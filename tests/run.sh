@@ -3,13 +3,15 @@
 #   unit tests (each on the io_uring and the threads backend, and again
 #   under the sanitizers), functional tests (golden output) and interop
 #   tests (QEMU's tools as the judge). Last line: "N passed, N failed, N skipped".
-# Usage: tests/run.sh [--quick] [PATTERN]   (PATTERN filters test names)
+# Usage: tests/run.sh [PATTERN]   (PATTERN filters test names; a run that
+# matches no test fails, so a mistyped pattern cannot pass as a green run)
 set -u
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
 pattern=""
 for a in "$@"; do
   case "$a" in
+    -*) echo "usage: tests/run.sh [PATTERN]  (unknown option $a)" >&2; echo "0 passed, 1 failed"; exit 2 ;;
     *) pattern="$a" ;;
   esac
 done
@@ -25,35 +27,63 @@ trap 'rm -rf "$scratch"' EXIT
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-record() { # name status
+record() { # name status [seconds]
+  local t=""
+  [ -n "${3:-}" ] && t=" (${3} s)"
   case "$2" in
-    0) pass=$((pass+1)); printf 'PASS %s\n' "$1" ;;
-    77) skip=$((skip+1)); printf 'SKIP %s\n' "$1" ;;
-    *) fail=$((fail+1)); failed_names+=("$1"); printf 'FAIL %s (status %s)\n' "$1" "$2" ;;
+    0) pass=$((pass+1)); printf 'PASS %s%s\n' "$1" "$t" ;;
+    77) skip=$((skip+1)); printf 'SKIP %s%s\n' "$1" "$t" ;;
+    *) fail=$((fail+1)); failed_names+=("$1"); printf 'FAIL %s (status %s)%s\n' "$1" "$2" "$t" ;;
   esac
 }
 
 want() { [ -z "$pattern" ] || [[ "$1" == *"$pattern"* ]]; }
 
-run_unit() { # builddir label backend
-  local bin
-  for bin in "$top/$1"/tests/test_*; do
-    [ -f "$bin" ] && [ -x "$bin" ] || continue
-    local name="unit/$(basename "$bin")[$2,$3]"
-    want "$name" || continue
-    local d="$scratch/u.$RANDOM$RANDOM"; mkdir -p "$d"
-    (cd "$d" && QCOWKIT_AIO="$3" TEST_DIR="$d" timeout 300 "$bin" >"$d/log" 2>&1)
-    local st=$?
-    [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && tail -n 30 "$d/log"
-    record "$name" "$st"
-    rm -rf "$d"
+# One lane of unit tests: every test_* binary of a build on each backend.
+# Results go to $out as "@@ name status seconds" lines, with the tail of a
+# failing test's log before its line; record() reads them afterwards, so
+# two lanes (plain and sanitizer builds) can run side by side.
+unit_lane() { # builddir label out
+  local bin backend out="$3"
+  : >"$out"
+  for backend in io_uring threads; do
+    for bin in "$top/$1"/tests/test_*; do
+      [ -f "$bin" ] && [ -x "$bin" ] || continue
+      local name="unit/$(basename "$bin")[$2,$backend]"
+      want "$name" || continue
+      local d="$scratch/u.$2.$RANDOM$RANDOM"; mkdir -p "$d"
+      local t0=$SECONDS
+      (cd "$d" && QCOWKIT_AIO="$backend" TEST_DIR="$d" timeout 300 "$bin" >"$d/log" 2>&1)
+      local st=$?
+      [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && tail -n 30 "$d/log" >>"$out"
+      echo "@@ $name $st $((SECONDS - t0))" >>"$out"
+      rm -rf "$d"
+    done
   done
 }
 
-run_unit build plain io_uring
-run_unit build plain threads
-run_unit build-asan asan io_uring
-run_unit build-asan asan threads
+collect_lane() { # out
+  local line
+  while IFS= read -r line; do
+    case "$line" in
+      "@@ "*) local n st sec; read -r _ n st sec <<<"$line"; record "$n" "$st" "$sec" ;;
+      *) printf '%s\n' "$line" ;;
+    esac
+  done <"$1"
+}
+
+# The lanes share the machine's cores; QCOWKIT_TEST_JOBS=1 runs them in turn.
+if [ "${QCOWKIT_TEST_JOBS:-$(nproc)}" -ge 2 ]; then
+  unit_lane build-asan asan "$scratch/lane.asan" &
+  lane_pid=$!
+  unit_lane build plain "$scratch/lane.plain"
+  wait "$lane_pid"
+else
+  unit_lane build plain "$scratch/lane.plain"
+  unit_lane build-asan asan "$scratch/lane.asan"
+fi
+collect_lane "$scratch/lane.plain"
+collect_lane "$scratch/lane.asan"
 
 export QCOWKIT="$top/build/tools/qcowkit"
 export QCOWKIT_ASAN="$top/build-asan/tools/qcowkit"
@@ -65,6 +95,7 @@ for t in tests/functional/[0-9]*; do
   name="functional/$(basename "$t")"
   want "$name" || continue
   d="$scratch/f.$(basename "$t")"; mkdir -p "$d"
+  t0=$SECONDS
   (cd "$d" && TEST_DIR="$d" timeout 600 bash "$top/$t" >"$d/actual" 2>&1)
   st=$?
   if [ "$st" -eq 0 ] && [ -f "$t.out" ]; then
@@ -76,7 +107,7 @@ for t in tests/functional/[0-9]*; do
   elif [ "$st" -ne 0 ] && [ "$st" -ne 77 ]; then
     tail -n 30 "$d/actual"
   fi
-  record "$name" "$st"
+  record "$name" "$st" $((SECONDS - t0))
   rm -rf "$d"
 done
 
@@ -85,15 +116,20 @@ for t in tests/interop/*.sh; do
   name="interop/$(basename "$t" .sh)"
   want "$name" || continue
   d="$scratch/i.$(basename "$t")"; mkdir -p "$d"
+  t0=$SECONDS
   (cd "$d" && TEST_DIR="$d" timeout 900 bash "$top/$t" >"$d/log" 2>&1)
   st=$?
   [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && tail -n 40 "$d/log"
-  record "$name" "$st"
+  record "$name" "$st" $((SECONDS - t0))
   rm -rf "$d"
 done
 
 if [ ${#failed_names[@]} -gt 0 ]; then
   printf 'failed: %s\n' "${failed_names[@]}"
+fi
+if [ $((pass + fail + skip)) -eq 0 ]; then
+  echo "no test matched '$pattern'"
+  fail=1
 fi
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <jansson.h>
 
@@ -53,6 +54,8 @@ char *qk_tool_backing_path(const char *image, const char *backing);
  * "Snapshot list:" and the table (nothing when n is 0), or the JSON array. */
 void qk_tool_print_snapshots(const QkSnapshotInfo *l, int n);
 json_t *qk_tool_snapshots_json(const QkSnapshotInfo *l, int n);
+/* Writes qcowkit(1) as roff from the command table (tools/manpage.c). */
+void qk_tool_print_man(FILE *f, const QkCommand *const *cmds, size_t n);
 /* The program name used in messages. */
 extern const char *qk_progname;
 

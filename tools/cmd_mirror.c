@@ -18,6 +18,7 @@
 
 typedef struct MirrorCmd {
     const char *src, *dst, *fmt, *out_fmt;
+    const char *src_cache, *dst_cache; /* -T, -t; NULL: defaults */
     bool progress;
     QkMirrorOptions o;
     int ret;
@@ -29,6 +30,15 @@ static void coroutine_fn mirror_co(void *opaque)
     QkError err = {0};
     c->ret = 1;
     QkOpenOptions so = {.flags = 0, .format = c->fmt};
+    if (c->src_cache && qk_cache_mode_parse(c->src_cache, &so.flags) < 0) {
+        qk_tool_error("Invalid source cache option: %s", c->src_cache);
+        return;
+    }
+    int dummy = 0;
+    if (c->dst_cache && qk_cache_mode_parse(c->dst_cache, &dummy) < 0) {
+        qk_tool_error("Invalid cache mode '%s'", c->dst_cache); /* before DST is created */
+        return;
+    }
     QkBlock *src = qk_co_block_open(c->src, &so, &err);
     if (!src) {
         qk_tool_error("%s", err.msg);
@@ -47,7 +57,8 @@ static void coroutine_fn mirror_co(void *opaque)
         created = true;
     }
     QkOpenOptions to = {.flags = QK_OPEN_RDWR, .format = c->out_fmt};
-    QkBlock *dst = qk_co_block_open(c->dst, &to, &err);
+    const char *used;
+    QkBlock *dst = qk_mirror_open_target(c->dst, &to, c->dst_cache, &used, &err);
     if (!dst) {
         qk_tool_error("%s", err.msg);
         qk_co_block_close(src);
@@ -93,7 +104,8 @@ static const char usage_text[] =
     "Usage: qcowkit mirror [-f FMT] [-O FMT] [-p] [--speed N] [--granularity N]\n"
     "                      [--buf-size N] [--max-in-flight N]\n"
     "                      [--mode background|write-blocking] [--rescan-per-chunk]\n"
-    "                      [--copy-priority low|normal] SRC DST\n"
+    "                      [--copy-priority low|normal] [-t CACHE] [-T SRC_CACHE]\n"
+    "                      SRC DST\n"
     "\n"
     "Copies SRC to DST with the mirror job (the daemon's live migration copy):\n"
     "allocated data is copied, zeroes are written as zeroes, and the copy completes\n"
@@ -103,6 +115,10 @@ static const char usage_text[] =
     "  -f FMT               format of SRC (probed by default)\n"
     "  -O FMT               format of DST (qcow2 when created, probed otherwise)\n"
     "  -p                   show progress on stderr\n"
+    "  -t CACHE             cache mode of DST: none (O_DIRECT, the default for a\n"
+    "                       local file; writeback where the file system has no\n"
+    "                       O_DIRECT), writeback, writethrough, directsync, unsafe\n"
+    "  -T SRC_CACHE         cache mode of SRC (default writeback)\n"
     "  --speed N            limit the copy to N bytes per second\n"
     "  --granularity N      dirty-tracking chunk (power of two; default: DST's\n"
     "                       cluster size clamped to 4k..64k)\n"
@@ -131,7 +147,7 @@ static int run(int argc, char **argv)
     uint64_t v;
     int opt;
     optind = 1;
-    while ((opt = getopt_long(argc, argv, "hf:O:p", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "hf:O:pt:T:", longopts, NULL)) != -1) {
         switch (opt) {
         case 'h':
             fputs(usage_text, stdout);
@@ -144,6 +160,12 @@ static int run(int argc, char **argv)
             break;
         case 'p':
             c.progress = true;
+            break;
+        case 't':
+            c.dst_cache = optarg;
+            break;
+        case 'T':
+            c.src_cache = optarg;
             break;
         case OPT_SPEED:
             if (qk_tool_parse_size(optarg, "speed", &c.o.speed) < 0) {

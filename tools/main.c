@@ -1,5 +1,5 @@
 /*
- * qcowkit: entry point. Global options (--help, --version, --aio) and
+ * qcowkit: entry point. Global options (--help, --version, --man, --aio) and
  * dispatch to subcommands; `qcowkit help NAME` prints a command's usage.
  * QCOWKIT_INJECT arms fault injection (block/inject.h) for the command and
  * reports the counts on stderr at the end.
@@ -43,6 +43,7 @@ static void usage(FILE *f)
             "Usage: qcowkit [--aio io_uring|threads] COMMAND [OPTIONS...] ARGS...\n"
             "       qcowkit help COMMAND\n"
             "       qcowkit --version\n"
+            "       qcowkit --man      (this manual as roff: qcowkit(1))\n"
             "\n"
             "QCOW2 disk-image engine, compatible with qemu-img images.\n"
             "\n"
@@ -56,14 +57,19 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
     int i = 1;
+    bool aio_threads = false;
     while (i < argc && argv[i][0] == '-') {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--man") == 0) {
+            qk_tool_print_man(stdout, commands, NCOMMANDS);
             return 0;
         } else if (strcmp(argv[i], "--version") == 0 || strcmp(argv[i], "-V") == 0) {
             printf("qcowkit version %s\n", QK_VERSION);
             return 0;
         } else if (strcmp(argv[i], "--aio") == 0 && i + 1 < argc) {
+            aio_threads = strcmp(argv[i + 1], "threads") == 0;
             if (qk_aio_set_backend_name(argv[i + 1]) < 0) {
                 qk_tool_error("Invalid aio backend '%s' (use io_uring or threads)", argv[i + 1]);
                 return 1;
@@ -96,6 +102,12 @@ int main(int argc, char **argv)
     if (!c) {
         qk_tool_error("unknown command '%s' (try 'qcowkit --help')", name);
         return 1;
+    }
+    /* The library falls back to the thread pool silently; say so here. */
+    const char *want = getenv("QCOWKIT_AIO");
+    if (strcmp(qk_loop_backend_name(qk_loop_get()), "io_uring") != 0 && !(want && strcmp(want, "threads") == 0) &&
+        !aio_threads) {
+        fprintf(stderr, "%s: io_uring unavailable, using the thread pool\n", qk_progname);
     }
     const char *inject = getenv("QCOWKIT_INJECT");
     if (inject && *inject) {

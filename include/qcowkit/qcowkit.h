@@ -2,13 +2,21 @@
  * qcowkit public API: open QCOW2 (or raw) images and do I/O on them from
  * plain, single-threaded code. Each call runs the library's event loop on
  * the calling thread until it completes. Internally every request is a
- * coroutine; programs that want many requests in flight use the block
- * layer (src/block/block.h) directly, as the qcowkit tools do.
+ * coroutine; programs that want many requests in flight use the
+ * asynchronous API at the end of this header.
  *
  * Errors: functions return 0 (or a non-negative count) on success and a
  * negative errno on failure; -EUCLEAN (QK_ECORRUPT) means the image is
  * corrupt rather than the I/O failing. When `errbuf` is non-NULL it receives
- * a one-line message.
+ * a one-line message. The library never prints, and never exits or aborts
+ * on bad input or an I/O error.
+ *
+ * Memory: an allocation for data (buffers, tables, requests) that fails
+ * is reported as -ENOMEM. The process is aborted only when the engine's
+ * own bookkeeping cannot be allocated or set up (a coroutine stack, an
+ * event loop, a few iovecs) or the kernel refuses an io_uring submission
+ * that was already prepared: states it cannot unwind without losing
+ * track of requests in flight.
  */
 #ifndef QCOWKIT_QCOWKIT_H
 #define QCOWKIT_QCOWKIT_H
@@ -19,6 +27,24 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The library's version: these macros say what a program was compiled
+ * against, qk_version() what it runs with ("MAJOR.MINOR.PATCH"). */
+#define QK_VERSION_MAJOR 0
+#define QK_VERSION_MINOR 1
+#define QK_VERSION_PATCH 0
+const char *qk_version(void);
+
+/* qk_strerror - a message for a negative errno this library returned
+ * (-EUCLEAN: "image is corrupt"). Never NULL; the string is static. */
+const char *qk_strerror(int err);
+
+/* qk_set_aio_backend - "io_uring", "threads" or "default" (io_uring,
+ * falling back to threads): the I/O backend of event loops created from now
+ * on (each thread's first call, each async image's engine). The same as the
+ * QCOWKIT_AIO environment variable, which applies only while no backend
+ * was set this way. Returns 0 or -EINVAL. Safe from any thread. */
+int qk_set_aio_backend(const char *name);
 
 typedef struct QkImage QkImage;
 
@@ -108,6 +134,84 @@ void qk_image_vmstate_reader_close(QkVmStateStream *r);
 /* qk_image_vmstate_peak_memory - bytes of buffers the stream allocated at
  * most (writer only; for monitoring). */
 uint64_t qk_image_vmstate_peak_memory(const QkVmStateStream *s);
+
+/* ---- Asynchronous API: many requests in flight, driven from any loop ----
+ *
+ * qk_async_open() opens an image on an engine thread of its own, which
+ * runs every request of that image as a coroutine on its event loop
+ * (io_uring, or the thread pool). Programs talk to it through queues:
+ * requests are enqueued without blocking (qk_queue_readv() ...), handed to
+ * the engine by qk_queue_do_io(), and their completions collected by the
+ * same call. Each queue has a completion file descriptor that becomes
+ * readable when completions may be waiting, so a program can watch it in
+ * its own epoll/poll/io_uring loop and call qk_queue_do_io() with min 0
+ * when it fires.
+ *
+ * Threading: the image's metadata lives on the engine thread only. Each
+ * queue belongs to one thread at a time (calls on one queue must not run
+ * concurrently); different queues may be used from different threads at
+ * once. qk_async_close() must not run concurrently with calls on any of
+ * its queues. Buffers passed to a request must stay valid, untouched for
+ * writes, until its completion is returned. Requests of one queue, and of
+ * different queues, may complete in any order; a flush covers the writes
+ * completed before it was submitted.
+ *
+ * Errors: as in the rest of the API, 0 or a negative errno. The library
+ * never prints or exits on I/O errors; an allocation failure at submission
+ * returns -ENOMEM and nothing is queued. */
+typedef struct QkAsyncImage QkAsyncImage;
+typedef struct QkQueue QkQueue;
+
+typedef struct QkCompletion {
+    void *user_data;      /* as given when the request was enqueued */
+    int ret;              /* 0 or -errno */
+} QkCompletion;
+
+/* qk_async_open - opens FILENAME (FORMAT "qcow2", "raw" or NULL to probe;
+ * FLAGS as for qk_image_open) on a new engine thread, with NQUEUES queues
+ * (1 to 64). Returns NULL with a message in errbuf on failure. */
+QkAsyncImage *qk_async_open(const char *filename, const char *format, int flags, int nqueues,
+                            char *errbuf, size_t errlen);
+
+/* qk_async_close - waits for every request in flight, flushes (when
+ * writable), closes the image, stops the engine and frees the queues
+ * (completions not collected are dropped). Returns 0, or the error of the
+ * final flush: the last writes may not be on disk. Always frees IMG. */
+int qk_async_close(QkAsyncImage *img);
+
+/* qk_async_size - the virtual disk size in bytes. */
+uint64_t qk_async_size(const QkAsyncImage *img);
+
+/* qk_async_queue - queue I (0 <= I < nqueues), or NULL. */
+QkQueue *qk_async_queue(QkAsyncImage *img, int i);
+
+/* Enqueue a request on Q (nothing is submitted until qk_queue_do_io).
+ * IOV (IOVCNT entries, at most 1024) is copied; the buffers it points to
+ * are not. Zero writes take QK_ZERO_UNMAP to let the image release space.
+ * Return 0 or -errno (-EINVAL for a bad argument, -ENOMEM). */
+#define QK_ZERO_UNMAP (1 << 0)
+struct iovec;
+int qk_queue_readv(QkQueue *q, uint64_t off, const struct iovec *iov, int iovcnt, void *user_data);
+int qk_queue_writev(QkQueue *q, uint64_t off, const struct iovec *iov, int iovcnt, void *user_data);
+int qk_queue_write_zeroes(QkQueue *q, uint64_t off, uint64_t len, int flags, void *user_data);
+int qk_queue_discard(QkQueue *q, uint64_t off, uint64_t len, void *user_data);
+int qk_queue_flush(QkQueue *q, void *user_data);
+
+/* qk_queue_do_io - submits every request enqueued on Q, then returns up to
+ * MAX completions in OUT, waiting until at least MIN are there or
+ * TIMEOUT_NS passes (< 0: no limit; 0: do not wait). Returns the number of
+ * completions (possibly fewer than MIN after a timeout), or -EINVAL when
+ * MIN exceeds what Q has outstanding (it would wait forever) or MIN > MAX. */
+int qk_queue_do_io(QkQueue *q, QkCompletion *out, int min, int max, int64_t timeout_ns);
+
+/* qk_queue_completion_fd - a descriptor that becomes readable (POLLIN)
+ * when completions may be waiting on Q. Reading it is the library's job:
+ * call qk_queue_do_io() when it fires. Valid until qk_async_close(). */
+int qk_queue_completion_fd(QkQueue *q);
+
+/* qk_queue_outstanding - requests enqueued or in flight on Q whose
+ * completion has not been returned yet. */
+unsigned qk_queue_outstanding(const QkQueue *q);
 
 #ifdef __cplusplus
 }

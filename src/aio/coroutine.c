@@ -164,8 +164,7 @@ QkCoroutine *qk_coroutine_create(QkCoroutineEntry *entry, void *opaque)
     } else {
         co = co_new();
         if (!co) {
-            fprintf(stderr, "qcowkit: cannot allocate a coroutine stack\n");
-            abort();
+            abort(); /* no stack: the caller has no way to go on (see qcowkit.h) */
         }
     }
     co->entry = entry;

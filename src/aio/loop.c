@@ -52,22 +52,35 @@ struct QkLoop {
     unsigned fd_waiters;
 };
 
-static QkAioBackendKind backend_choice = QK_AIO_DEFAULT;
+/* Read by every thread that makes a loop, set by the program (or from
+ * QCOWKIT_AIO once): atomic, so engine threads of the async API may start
+ * loops while another thread sets it. */
+static int backend_choice = QK_AIO_DEFAULT;
+
+static void set_choice(QkAioBackendKind kind)
+{
+    __atomic_store_n(&backend_choice, (int)kind, __ATOMIC_RELAXED);
+}
+
+static QkAioBackendKind get_choice(void)
+{
+    return (QkAioBackendKind)__atomic_load_n(&backend_choice, __ATOMIC_RELAXED);
+}
 static __thread QkLoop *thread_loop;
 
 void qk_aio_set_backend(QkAioBackendKind kind)
 {
-    backend_choice = kind;
+    set_choice(kind);
 }
 
 int qk_aio_set_backend_name(const char *name)
 {
     if (strcmp(name, "io_uring") == 0) {
-        backend_choice = QK_AIO_IO_URING;
+        set_choice(QK_AIO_IO_URING);
     } else if (strcmp(name, "threads") == 0) {
-        backend_choice = QK_AIO_THREADS;
+        set_choice(QK_AIO_THREADS);
     } else if (strcmp(name, "native") == 0 || strcmp(name, "default") == 0) {
-        backend_choice = QK_AIO_DEFAULT;
+        set_choice(QK_AIO_DEFAULT);
     } else {
         return -EINVAL;
     }
@@ -103,29 +116,23 @@ QkLoop *qk_loop_get(void)
     }
     loop->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (loop->epfd < 0) {
-        perror("qcowkit: epoll_create1");
-        abort();
+        abort(); /* out of descriptors or memory before any I/O (see qcowkit.h) */
     }
     int err = 0;
-    static bool warned;
     /* QCOWKIT_AIO lets tests run every program on both backends. */
     const char *env = getenv("QCOWKIT_AIO");
-    if (backend_choice == QK_AIO_DEFAULT && env && *env) {
+    if (get_choice() == QK_AIO_DEFAULT && env && *env) {
         qk_aio_set_backend_name(env);
     }
-    if (backend_choice != QK_AIO_THREADS) {
+    if (get_choice() != QK_AIO_THREADS) {
+        /* Unavailable (an old kernel, a seccomp filter): the thread pool
+         * serves instead, silently; qk_loop_backend_name() tells which. */
         loop->backend = qk_uring_backend_new(&loop->ops, &err);
-        if (!loop->backend && !warned) {
-            warned = true;
-            fprintf(stderr, "qcowkit: io_uring unavailable (%s), using the thread pool\n",
-                    strerror(err));
-        }
     }
     if (!loop->backend) {
         loop->backend = qk_threads_backend_new(&loop->ops, &err);
         if (!loop->backend) {
-            fprintf(stderr, "qcowkit: cannot start I/O threads: %s\n", strerror(err));
-            abort();
+            abort(); /* neither backend could start (see qcowkit.h) */
         }
     }
     /* NULL data marks the backend's completion fd. */

@@ -88,14 +88,18 @@ static void notify(QkUringWriter *w)
         return;
     }
     for (;;) {
+        /* No free entry: an earlier message is still queued (its submit
+         * was refused); submitting again sends that one. */
         struct io_uring_sqe *sqe = io_uring_get_sqe(&w->ring);
-        io_uring_prep_msg_ring(sqe, w->target_fd, 0, w->tag, 0);
-        io_uring_sqe_set_flags(sqe, IOSQE_CQE_SKIP_SUCCESS);
+        if (sqe) {
+            io_uring_prep_msg_ring(sqe, w->target_fd, 0, w->tag, 0);
+            io_uring_sqe_set_flags(sqe, IOSQE_CQE_SKIP_SUCCESS);
+        }
         int r = io_uring_submit(&w->ring);
         if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
             abort(); /* a broken ring is not recoverable */
         }
-        if (r == 1 && !message_failed(w)) {
+        if (r >= 1 && !message_failed(w)) {
             return;
         }
         struct timespec ts = {0, 100 * 1000};

@@ -5,6 +5,7 @@
  * dispatch to drivers.
  */
 #include "block/block.h"
+#include "block/debug.h"
 #include "aio/loop.h"
 #include "block/dirty_bitmap.h"
 #include "block/inject.h"
@@ -63,6 +64,12 @@ static QkBlock *node_new(const QkBlockDriver *drv, const char *filename, int fla
     bs->drv = drv;
     bs->opaque = drv->instance_size ? calloc(1, drv->instance_size) : NULL;
     bs->filename = strdup(filename);
+    if (!bs->filename || (drv->instance_size && !bs->opaque)) {
+        free(bs->opaque);
+        free(bs->filename);
+        free(bs);
+        return NULL;
+    }
     bs->open_flags = flags;
     bs->read_only = !(flags & QK_OPEN_RDWR);
     bs->request_alignment = 1;
@@ -554,6 +561,9 @@ int coroutine_fn qk_co_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t bytes, 
         }
         free(z);
     }
+    if (r == 0 && (bs->open_flags & QK_OPEN_WRITETHROUGH) && !bs->drv->is_protocol) {
+        r = qk_co_flush(bs); /* writethrough covers every modification, as for data */
+    }
     return write_end(bs, r, QK_WRITE_ZEROES, off, bytes, NULL, 0, flags);
 }
 
@@ -571,6 +581,9 @@ int coroutine_fn qk_co_pdiscard(QkBlock *bs, uint64_t off, uint64_t bytes)
     if (r == -ENOTSUP) {
         r = 0;
     }
+    if (r == 0 && (bs->open_flags & QK_OPEN_WRITETHROUGH) && !bs->drv->is_protocol) {
+        r = qk_co_flush(bs);
+    }
     return write_end(bs, r, QK_WRITE_DISCARD, off, bytes, NULL, 0, 0);
 }
 
@@ -581,6 +594,9 @@ int coroutine_fn qk_co_flush(QkBlock *bs)
         return 0;
     }
     bs->in_flight++;
+    if (bs->drv->is_protocol) {
+        qk_block_debug_event(QK_DBG_FLUSH);
+    }
     if (bs->drv->co_flush) {
         r = bs->drv->co_flush(bs);
     }

@@ -24,6 +24,7 @@ typedef struct JobCtx {
     QkBlock *source;         /* the export's node when the job started */
     QkBlock *target;         /* ours to close unless the export took it */
     bool switched;
+    const char *target_cache; /* the cache mode the target was opened with */
     struct JobCtx *next;
 } JobCtx;
 
@@ -90,7 +91,7 @@ static void coroutine_fn job_finished(QkJob *job, void *opaque)
 
 static json_t *coroutine_fn cmd_mirror_start(QkDaemon *d, json_t *args, QkError *err)
 {
-    const char *exp_name, *target, *format, *id, *mode, *prio;
+    const char *exp_name, *target, *format, *id, *mode, *prio, *tcache;
     QkMirrorOptions o = {0};
     uint64_t in_flight = 0;
     if (qk_control_arg_string(args, "export", true, &exp_name, err) < 0 ||
@@ -99,6 +100,7 @@ static json_t *coroutine_fn cmd_mirror_start(QkDaemon *d, json_t *args, QkError 
         qk_control_arg_string(args, "id", false, &id, err) < 0 ||
         qk_control_arg_string(args, "mode", false, &mode, err) < 0 ||
         qk_control_arg_string(args, "copy-priority", false, &prio, err) < 0 ||
+        qk_control_arg_string(args, "target-cache", false, &tcache, err) < 0 ||
         qk_control_arg_size(args, "speed", &o.speed, err) < 0 ||
         qk_control_arg_size(args, "granularity", &o.granularity, err) < 0 ||
         qk_control_arg_size(args, "buf-size", &o.buf_size, err) < 0 ||
@@ -130,6 +132,11 @@ static json_t *coroutine_fn cmd_mirror_start(QkDaemon *d, json_t *args, QkError 
         qk_error_set(err, -EEXIST, "Job ID '%s' is already in use", id);
         return NULL;
     }
+    int dummy = 0;
+    if (tcache && qk_cache_mode_parse(tcache, &dummy) < 0) {
+        qk_error_set(err, -EINVAL, "Parameter 'target-cache' expects none, writeback, writethrough, directsync or unsafe");
+        return NULL;
+    }
     /* A local target that does not exist yet is created like the source. */
     struct stat sb;
     if (!qk_block_is_nbd_uri(target) && stat(target, &sb) != 0) {
@@ -142,7 +149,8 @@ static json_t *coroutine_fn cmd_mirror_start(QkDaemon *d, json_t *args, QkError 
         o.target_is_zero = true;
     }
     QkOpenOptions to = {.flags = QK_OPEN_RDWR, .format = format};
-    QkBlock *tbs = qk_co_block_open(target, &to, err);
+    const char *tcache_used;
+    QkBlock *tbs = qk_mirror_open_target(target, &to, tcache, &tcache_used, err);
     if (!tbs) {
         qk_error_prefix(err, "Could not open target '%s'", target);
         return NULL;
@@ -159,6 +167,7 @@ static json_t *coroutine_fn cmd_mirror_start(QkDaemon *d, json_t *args, QkError 
     c->d = d;
     c->source = e->bs;
     c->target = tbs;
+    c->target_cache = tcache_used; /* a static string */
     o.switch_fn = switch_export;
     o.switch_opaque = c;
     c->next = contexts;
@@ -201,6 +210,13 @@ static json_t *job_json(QkJob *job)
     if (job->paused) {
         json_object_set_new(o, "paused", json_true());
     }
+    /* The process's CPU since the job started (see qk_job_cpu_ns). */
+    int64_t cpu = qk_job_cpu_ns(job);
+    json_object_set_new(o, "cpu-ms", json_integer(cpu / 1000000));
+    if (job->bytes_done) {
+        json_object_set_new(o, "cpu-ms-per-gib",
+                            json_integer((json_int_t)((double)cpu / 1e6 * (double)(1ULL << 30) / (double)job->bytes_done)));
+    }
     if (qk_job_is_mirror(job)) {
         QkMirrorStats st;
         qk_mirror_get_stats(job, &st);
@@ -216,6 +232,7 @@ static json_t *job_json(QkJob *job)
         if (c) {
             json_object_set_new(o, "export", json_string(c->export_name));
             json_object_set_new(o, "switched", json_boolean(c->switched));
+            json_object_set_new(o, "target-cache", json_string(c->target_cache));
         }
     }
     return o;
@@ -342,7 +359,7 @@ void coroutine_fn qk_co_control_jobs_shutdown(void)
 
 static const char *const start_params[] = {
     "export", "target", "format", "id", "mode", "speed", "granularity", "buf-size",
-    "max-in-flight", "ready-threshold", "rescan-per-chunk", "chase-writes", "copy-priority", NULL,
+    "max-in-flight", "ready-threshold", "rescan-per-chunk", "chase-writes", "copy-priority", "target-cache", NULL,
 };
 static const char *const id_params[] = {"id", NULL};
 static const char *const complete_params[] = {"id", "switch", "wait", NULL};

@@ -9,9 +9,25 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define SLICE_NS 5000000LL
 #define BURST_NS 100000000LL
+
+static int64_t process_cpu_ns(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) {
+        return 0;
+    }
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+int64_t qk_job_cpu_ns(const QkJob *job)
+{
+    int64_t end = job->end_cpu_ns ? job->end_cpu_ns : process_cpu_ns();
+    return end > job->start_cpu_ns ? end - job->start_cpu_ns : 0;
+}
 
 static QkJob *job_list;
 static unsigned job_counter;
@@ -83,6 +99,7 @@ static void coroutine_fn job_entry(void *opaque)
     QkError err = {0};
     int r = job->drv->run(job, &err);
     job->end_ns = qk_clock_ns();
+    job->end_cpu_ns = process_cpu_ns();
     if (r == 0 && !job->cancel_requested) {
         job->state = QK_JOB_COMPLETED;
     } else if (r == -ECANCELED || (r == 0 && job->cancel_requested)) {
@@ -104,6 +121,7 @@ void qk_job_start(QkJob *job)
 {
     job->state = QK_JOB_RUNNING;
     job->start_ns = qk_clock_ns();
+    job->start_cpu_ns = process_cpu_ns();
     qk_coroutine_wake(qk_coroutine_create(job_entry, job));
 }
 

@@ -59,6 +59,7 @@ struct QkJob {
     bool cancel_requested;
     bool complete_requested;
     int64_t start_ns, ready_ns, end_ns;
+    int64_t start_cpu_ns, end_cpu_ns; /* process CPU time at start and end */
     QkCoQueue resume_waiters;
     QkCoQueue finish_waiters;
     QkJobFinishedFn *on_finished;
@@ -78,6 +79,10 @@ QkJob *qk_job_find(const char *id);
 QkJob *qk_job_first(void);
 const char *qk_job_state_name(QkJobState s);
 bool qk_job_is_finished(const QkJob *job);
+/* CPU time the whole process used since the job started (until it ended):
+ * everything the process did, so the job's own cost only when nothing
+ * else runs (a copy with no writer). */
+int64_t qk_job_cpu_ns(const QkJob *job);
 
 /* Requests. Each returns 0 or -errno with err filled. */
 int qk_job_cancel(QkJob *job, QkError *err);

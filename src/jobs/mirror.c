@@ -716,6 +716,42 @@ static uint64_t default_granularity(QkBlock *target)
     return qk_is_pow2(g) ? g : 65536;
 }
 
+QkBlock *coroutine_fn qk_mirror_open_target(const char *target, const QkOpenOptions *opts, const char *cache,
+                                            const char **used, QkError *err)
+{
+    QkOpenOptions o = *opts;
+    if (qk_block_is_nbd_uri(target)) {
+        *used = "n/a";
+        return qk_co_block_open(target, &o, err);
+    }
+    /* *used outlives the caller's string: one of these. */
+    static const char *const modes[] = {"none", "off", "writeback", "writethrough", "directsync", "unsafe"};
+    const char *name = NULL;
+    for (size_t i = 0; cache && i < sizeof(modes) / sizeof(modes[0]); i++) {
+        if (strcmp(cache, modes[i]) == 0) {
+            name = modes[i];
+        }
+    }
+    if (cache && (!name || qk_cache_mode_parse(cache, &o.flags) < 0)) {
+        qk_error_set(err, -EINVAL, "Invalid cache mode '%s'", cache);
+        return NULL;
+    }
+    if (!cache) {
+        o.flags |= QK_OPEN_NOCACHE;
+    }
+    QkBlock *bs = qk_co_block_open(target, &o, err);
+    if (!bs && !cache && err->code == -EINVAL) {
+        /* No O_DIRECT on this file system: the page cache it is. */
+        *err = (QkError){0};
+        o.flags &= ~QK_OPEN_NOCACHE;
+        bs = qk_co_block_open(target, &o, err);
+        *used = "writeback";
+        return bs;
+    }
+    *used = cache ? name : "none";
+    return bs;
+}
+
 QkJob *qk_mirror_start(const char *id, QkBlock *source, QkBlock *target,
                        const QkMirrorOptions *opts, QkError *err)
 {

@@ -60,6 +60,14 @@ const char *qk_mirror_mode_name(QkMirrorMode mode);
 /* Parses "low" / "normal" / "auto"; -EINVAL otherwise. */
 int qk_mirror_priority_parse(const char *s, QkMirrorPriority *prio);
 
+/* Opens a mirror's target (flags and format in opts) with the cache mode
+ * CACHE ("none", "writeback", ... as qemu-img names them). With CACHE
+ * NULL a local file target gets O_DIRECT ("none"), as a VM's disk would,
+ * and falls back to the page cache where the file system refuses
+ * O_DIRECT; an NBD target ignores it. *used gets the mode opened. */
+QkBlock *coroutine_fn qk_mirror_open_target(const char *target, const QkOpenOptions *opts, const char *cache,
+                                            const char **used, QkError *err);
+
 /* Creates and starts a mirror job. Neither node is owned by the job; both
  * must stay open until it has finished. The target must be at least as
  * large as the source. */

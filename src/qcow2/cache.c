@@ -6,9 +6,14 @@
  *
  * A cache may depend on another: before any of its tables is written,
  * every dirty table of the dependency (and every write of one in flight)
- * is written and the file flushed. A dependency with a barrier also flushes
- * the file when the other cache is clean, so that writes the caller made
- * to the file directly before arming it come first as well. Two caches
+ * is written and the file flushed. A barrier (with a dependency or on its
+ * own) flushes the file before the next table write even when nothing is
+ * dirty elsewhere, so that writes made to the file directly before it was
+ * armed (data an L2 entry is about to expose, a reference dropped by a
+ * direct write) reach the disk first. A table is written from a copy taken
+ * once its dependencies are out: a change made while the write is in
+ * flight waits for the next write, never slipping ahead of what it
+ * depends on. Two caches
  * never depend on each other: qcow2_cache_depend() reverses a dependency
  * by writing out the cache that was waited for first. refcount.c uses
  * this to order allocations (refcount blocks first) and frees (L2 tables
@@ -35,6 +40,7 @@ struct Qcow2Cache {
     Qcow2State *s;
     Qcow2Cache *depends;
     bool barrier;            /* flush the file before the next write even if depends is clean */
+    void *spare;             /* a table-sized buffer for the next write's copy */
     unsigned nwriting;       /* writes in flight */
     size_t table_size;
     unsigned n;
@@ -125,6 +131,7 @@ void qcow2_cache_free(Qcow2Cache *c)
     free(c->e);
     free(c->buckets);
     free(c->data);
+    free(c->spare);
     free(c);
 }
 
@@ -152,7 +159,7 @@ static int index_of(Qcow2Cache *c, const void *table)
 static bool dependency_pending(const Qcow2Cache *c)
 {
     const Qcow2Cache *d = c->depends;
-    return d && (d->ndirty || d->nwriting || c->barrier);
+    return c->barrier || (d && (d->ndirty || d->nwriting));
 }
 
 static int coroutine_fn flush_dependency(Qcow2Cache *c)
@@ -162,7 +169,7 @@ static int coroutine_fn flush_dependency(Qcow2Cache *c)
     }
     /* Cleared first: a barrier armed while we yield needs a flush of its own. */
     c->barrier = false;
-    int r = qcow2_cache_flush(c->depends);
+    int r = c->depends ? qcow2_cache_flush(c->depends) : 0;
     if (r == 0) {
         r = qk_co_flush(c->s->bs->file);
     }
@@ -196,6 +203,11 @@ int coroutine_fn qcow2_cache_depend(Qcow2Cache *c, Qcow2Cache *dep, bool barrier
     return 0;
 }
 
+void qcow2_cache_barrier(Qcow2Cache *c)
+{
+    c->barrier = true;
+}
+
 int coroutine_fn qcow2_cache_release(Qcow2Cache *c)
 {
     int r = flush_dependency(c);
@@ -207,31 +219,52 @@ int coroutine_fn qcow2_cache_release(Qcow2Cache *c)
 
 /* Writes entry i if dirty. The entry is marked busy so it is neither
  * evicted nor reused meanwhile; a change made during the write marks it
- * dirty again. */
+ * dirty again. The dependency is checked again after every flush it
+ * needed: a change made while that flush ran (another allocation, another
+ * data write armed a barrier) is in the copy taken below, so what it
+ * relies on must be out too. Nothing yields between the last check and
+ * the copy. */
 static int coroutine_fn write_entry(Qcow2Cache *c, int i)
 {
     Entry *e = &c->e[i];
-    while (e->busy) {
-        qk_co_queue_wait(&e->waiters);
+    for (;;) {
+        while (e->busy) {
+            qk_co_queue_wait(&e->waiters);
+        }
+        if (!e->dirty || !e->offset) {
+            return 0;
+        }
+        if (!dependency_pending(c)) {
+            break;
+        }
+        int r = flush_dependency(c);
+        if (r < 0) {
+            return r;
+        }
     }
-    if (!e->dirty || !e->offset) {
-        return 0;
+    int r;
+    void *copy = c->spare;
+    c->spare = NULL;
+    if (!copy) {
+        copy = qk_aligned_alloc(QK_MAX(4096u, c->s->bs->mem_alignment), c->table_size);
+        if (!copy) {
+            return -ENOMEM;
+        }
     }
-    int r = flush_dependency(c);
-    if (r < 0) {
-        return r;
-    }
-    if (!e->dirty) {
-        return 0;
-    }
+    memcpy(copy, table_of(c, i), c->table_size);
     e->dirty = false;
     c->ndirty--;
     e->busy = true;
     e->writing = true;
     c->nwriting++;
     e->ref++;
-    r = qk_co_pwrite(c->s->bs->file, e->offset, c->table_size, table_of(c, i),
+    r = qk_co_pwrite(c->s->bs->file, e->offset, c->table_size, copy,
                      QK_REQ_KIND(c == c->s->rb_cache ? QK_IO_REFBLOCK : QK_IO_L2));
+    if (c->spare) {
+        free(copy);
+    } else {
+        c->spare = copy;
+    }
     if (c == c->s->rb_cache) {
         qk_block_debug_event(QK_DBG_REFBLOCK_UPDATE);
     }

@@ -192,8 +192,13 @@ int coroutine_fn qcow2_get_l2_for_write(Qcow2State *s, uint64_t l1i, void **tabl
         qcow2_cache_put(s->l2_cache, &ot);
     }
     qcow2_cache_mark_dirty(s->l2_cache, nt);
-    /* The table must be on disk (after its refcount) before L1 points to it. */
+    /* The table must be on disk (after its refcount) before L1 points to
+     * it, durably: after a power loss an L1 entry must not lead to a
+     * cluster still holding whatever it held before. */
     r = qcow2_cache_write_one(s->l2_cache, nt);
+    if (r == 0) {
+        r = qk_co_flush(s->bs->file);
+    }
     if (r == 0) {
         s->l1[l1i] = (uint64_t)newoff | QCOW2_OFLAG_COPIED;
         r = qcow2_write_l1_entry(s, l1i);

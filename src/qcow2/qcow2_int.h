@@ -236,6 +236,9 @@ void qcow2_cache_set_dependency(Qcow2Cache *c, Qcow2Cache *dep);
  * with barrier, after every write already made to the file). If dep
  * depended on c, c's tables are written out first to end that. */
 int coroutine_fn qcow2_cache_depend(Qcow2Cache *c, Qcow2Cache *dep, bool barrier);
+/* The next write of a table of c first flushes the file: the writes made
+ * to it so far (data a changed L2 entry now exposes) come first. */
+void qcow2_cache_barrier(Qcow2Cache *c);
 /* Ends c's dependency, writing out what c was waiting for. */
 int coroutine_fn qcow2_cache_release(Qcow2Cache *c);
 int coroutine_fn qcow2_cache_get(Qcow2Cache *c, uint64_t offset, void **table);

@@ -6,6 +6,7 @@
  */
 #include "qcow2/qcow2_int.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -81,26 +82,34 @@ static int coroutine_fn write_rt_value(Qcow2State *s, uint64_t ti, uint64_t v)
     return qk_co_pwrite(s->bs->file, s->rt_offset + ti * 8, 8, b, QK_REQ_KIND(QK_IO_REFTABLE));
 }
 
+int coroutine_fn qcow2_write_rt_entry(Qcow2State *s, uint64_t ti)
+{
+    return write_rt_value(s, ti, s->rt[ti]);
+}
+
 /* Writes zeros over [from, target) of the host file in large requests.
  * With O_DIRECT, a small write into a hole or an unwritten (fallocated)
  * extent makes the file system allocate or convert blocks under an
  * exclusive lock, several times slower than a write into blocks that were
  * already written; writing the new space once, sequentially, turns every
  * later small write into the fast kind. */
-int coroutine_fn qcow2_write_rt_entry(Qcow2State *s, uint64_t ti)
+enum { ZEROS_CHUNK = 1 << 20 };
+static void *zeros;
+
+/* One buffer for the process, made once even when images on several
+ * engine threads grow at the same moment; it is never written. */
+static void make_zeros(void)
 {
-    return write_rt_value(s, ti, s->rt[ti]);
+    zeros = qk_aligned_zalloc(4096, ZEROS_CHUNK);
 }
 
 static int coroutine_fn write_zeros(Qcow2State *s, uint64_t from, uint64_t target)
 {
-    enum { CHUNK = 1 << 20 };
-    static void *zeros;
+    enum { CHUNK = ZEROS_CHUNK };
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, make_zeros);
     if (!zeros) {
-        zeros = qk_aligned_zalloc(4096, CHUNK);
-        if (!zeros) {
-            return -ENOMEM;
-        }
+        return -ENOMEM;
     }
     for (uint64_t off = from; off < target;) {
         uint64_t n = QK_MIN((uint64_t)CHUNK - off % CHUNK, target - off);
@@ -289,15 +298,12 @@ static int coroutine_fn alloc_block(Qcow2State *s, uint64_t ti)
             qcow2_rb_set(s, blk, b & rb_mask(s), 1);
         }
         qcow2_cache_mark_dirty(s->rb_cache, blk);
-        r = qcow2_cache_write_one(s->rb_cache, blk);
         qcow2_cache_put(s->rb_cache, &blk);
-        if (r == 0 && !self) {
-            /* b's refcount sits in another block, still only in the cache:
-             * it must be on disk before the table names b, or a crash (or
-             * a write failing from here on) leaves b referenced with a
-             * refcount of 0. */
-            r = qcow2_cache_flush(s->rb_cache);
-        }
+        /* The table entry makes b a refcount block: every count it relies
+         * on must be on disk first, the new block and, when b is counted
+         * by another block, that block's increment too (a crash in
+         * between would leave the block referenced with refcount 0). */
+        r = qcow2_cache_flush(s->rb_cache);
         if (r < 0) {
             return r;
         }

@@ -10,7 +10,8 @@
  *  - a compressed or shared cluster is replaced by a copy of all of it.
  * Copies of zeros are skipped when the host bytes are known to be zeros
  * (space never used before, see the clean-host table in deps.c). Order:
- * refcounts, then data, then L2; the L2 entry is read, changed and
+ * refcounts, then data, then L2 (a flush between data and the L2 table's
+ * write, see update_l2); the L2 entry is read, changed and
  * written back under s->lock at update time, so writes into one cluster
  * that finish in any order each add only their own bits.
  */
@@ -257,6 +258,13 @@ static int coroutine_fn update_l2(Qcow2State *s, const AllocPlan *p, uint64_t fo
     if (r < 0) {
         return r;
     }
+    /* The data and copies just written are not durable yet: the table
+     * that now exposes them must not reach the disk before a flush, or a
+     * power loss could show the cluster's old contents (or another
+     * cluster's) where a completed flush had made zeros or older data
+     * durable. Armed before the first change, since freeing below may
+     * yield while a write of this table takes its copy. */
+    qcow2_cache_barrier(s->l2_cache);
     for (uint64_t k = 0; k < p->n && r == 0; k++) {
         uint64_t bm;
         uint64_t old = qcow2_l2_get(s, t, p->i0 + k, &bm);

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Writes libqcowkit(3) as roff from include/qcowkit/qcowkit.h: the
+header's opening comment is the description, and every comment block
+followed by declarations becomes a subsection with those declarations and
+the comment's text, so the manual says what the header says.
+
+    python3 scripts/header2man.py include/qcowkit/qcowkit.h VERSION > libqcowkit.3
+"""
+import re
+import sys
+
+
+def esc(line):
+    line = line.replace('\\', '\\e').replace('-', '\\-')
+    if line.startswith(('.', "'")):
+        line = '\\&' + line
+    return line
+
+
+def comment_text(block):
+    out = []
+    for ln in block.splitlines():
+        ln = re.sub(r'^\s*/?\*+/?', '', ln).rstrip()
+        if ln.endswith('*/'):
+            ln = ln[:-2].rstrip()
+        out.append(ln.strip())
+    while out and not out[0]:
+        out.pop(0)
+    while out and not out[-1]:
+        out.pop()
+    return out
+
+
+def main():
+    path, version = sys.argv[1], sys.argv[2]
+    src = open(path).read()
+    # Comments and the code between them, in order.
+    parts = re.split(r'(/\*.*?\*/)', src, flags=re.S)
+    intro = None
+    sections = []  # (comment lines, declarations)
+    for i, p in enumerate(parts):
+        if not p.startswith('/*'):
+            continue
+        text = comment_text(p)
+        code = parts[i + 1] if i + 1 < len(parts) else ''
+        # Declarations: lines up to the next blank line.
+        decl = []
+        for ln in code.lstrip('\n').splitlines():
+            if not ln.strip():
+                break
+            decl.append(ln.rstrip())
+        decl = [d for d in decl if not d.startswith('#if') and not d.startswith('#endif')]
+        if intro is None:
+            intro = text
+            continue
+        if not decl or all(d.startswith('#include') for d in decl):
+            if text and text[0].startswith('----'):
+                sections.append((text, []))
+            continue
+        sections.append((text, decl))
+    names = sorted(set(re.findall(r'\b(qk_[a-z_]+)\(', src)))
+
+    w = sys.stdout.write
+    w('.TH LIBQCOWKIT 3 "" "libqcowkit %s" "Library Functions Manual"\n' % version)
+    w('.SH NAME\nlibqcowkit \\- QCOW2 disk-image engine: synchronous and asynchronous image I/O\n')
+    w('.SH SYNOPSIS\n.nf\n.B #include <qcowkit/qcowkit.h>\n.PP\n')
+    w('cc prog.c $(pkg\\-config \\-\\-cflags \\-\\-libs qcowkit)\n.fi\n')
+    w('.PP\nFunctions: ' + ', '.join('\\fB%s\\fR()' % n.replace('_', '_') for n in names) + '.\n')
+    w('.SH DESCRIPTION\n')
+    for ln in intro:
+        w((esc(ln) if ln else '.PP') + '\n')
+    for text, decl in sections:
+        if text and text[0].startswith('----'):
+            w('.SH ' + esc(text[0].strip('- ').upper()) + '\n')
+            text = text[1:]
+        else:
+            w('.PP\n')
+        if decl:
+            w('.nf\n')
+            for d in decl:
+                w(esc(d) + '\n')
+            w('.fi\n.PP\n')
+        for ln in text:
+            w((esc(ln) if ln else '.PP') + '\n')
+    w('.SH ENVIRONMENT\n.TP\n.B QCOWKIT_AIO\nio_uring or threads: the I/O backend of the event loops the '
+      'library creates (io_uring by default, falling back to a thread pool). See qcowkit(1) for the '
+      'other QCOWKIT_ variables.\n')
+    w('.SH SEE ALSO\n.BR qcowkit (1)\n')
+
+
+main()

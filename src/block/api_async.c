@@ -1,0 +1,568 @@
+/*
+ * The asynchronous public API (qk_async_*, qk_queue_*): an image owned by
+ * an engine thread that runs its requests as coroutines on its own event
+ * loop, and queues through which other threads submit requests and collect
+ * completions.
+ *
+ * Hand-offs are batched both ways: qk_queue_do_io() moves a queue's whole
+ * pending list to the engine's inbox under one lock and writes the
+ * engine's eventfd only when the inbox was empty; the engine appends
+ * finished requests to their queue's done list and writes the queue's
+ * eventfd (at the end of the loop iteration) only when that list was
+ * empty. So a burst of N requests costs
+ * one wake-up each way, not N. Request structures are recycled per queue
+ * by the queue's own thread; the engine never allocates or frees them.
+ */
+#include "qcowkit/qcowkit.h"
+#include "aio/loop.h"
+#include "block/block.h"
+#include "util/iov.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define MAX_QUEUES 64
+#define MAX_IOV 1024
+#define INLINE_IOV 4
+
+typedef enum { AOP_READ, AOP_WRITE, AOP_ZERO, AOP_DISCARD, AOP_FLUSH } AOp;
+
+typedef struct AReq {
+    QkQueue *q;
+    AOp op;
+    uint64_t off, len;
+    int flags;
+    int ret;
+    void *user_data;
+    struct iovec *iov;
+    int iovcnt;
+    struct iovec inline_iov[INLINE_IOV];
+    struct AReq *next;
+} AReq;
+
+struct QkQueue {
+    QkAsyncImage *img;
+    int done_fd;                  /* eventfd: done list went non-empty */
+    bool kick_pending;            /* engine: a write of done_fd is scheduled */
+    pthread_mutex_t lock;         /* done list */
+    AReq *done_head, *done_tail;
+    /* The owning thread's alone: */
+    AReq *pend_head, *pend_tail;  /* enqueued, not handed over */
+    unsigned outstanding;
+    AReq *spare;                  /* recycled requests */
+};
+
+struct QkAsyncImage {
+    pthread_t thread;
+    int wake_fd;                  /* eventfd: inbox went non-empty, or stop */
+    pthread_mutex_t lock;         /* inbox, stop, open handshake */
+    pthread_cond_t opened_cond;
+    AReq *in_head, *in_tail;
+    bool stop;
+    bool opened;                  /* the open finished (bs set, or open_ret < 0) */
+    int open_ret;
+    char open_msg[sizeof(((QkError *)0)->msg)];
+    int close_ret;
+    /* Open parameters, read by the engine. */
+    char *filename;
+    char *format;
+    int flags;
+    /* The engine thread's alone: */
+    QkBlock *bs;
+    unsigned in_flight;
+    QkCoroutine *idle_waiter;     /* the dispatcher waiting for in_flight == 0 */
+    uint64_t size;
+    int nqueues;
+    QkQueue queues[];
+};
+
+static void list_append(AReq **head, AReq **tail, AReq *r)
+{
+    r->next = NULL;
+    if (*tail) {
+        (*tail)->next = r;
+    } else {
+        *head = r;
+    }
+    *tail = r;
+}
+
+static void kick(int fd)
+{
+    uint64_t one = 1;
+    /* EAGAIN: the counter is at its maximum, the reader is woken anyway. */
+    while (write(fd, &one, sizeof(one)) < 0 && errno == EINTR) {
+    }
+}
+
+static void drain_fd(int fd)
+{
+    uint64_t v;
+    while (read(fd, &v, sizeof(v)) < 0 && errno == EINTR) {
+    }
+}
+
+/* ---- engine thread ---- */
+
+static void kick_done(void *opaque)
+{
+    QkQueue *q = opaque;
+    q->kick_pending = false;
+    kick(q->done_fd);
+}
+
+/* The queue's descriptor is written once per loop iteration at most,
+ * after every completion the iteration reaped: a burst of completions
+ * wakes the caller once. */
+static void complete(AReq *r)
+{
+    QkQueue *q = r->q;
+    pthread_mutex_lock(&q->lock);
+    bool was_empty = !q->done_head;
+    list_append(&q->done_head, &q->done_tail, r);
+    pthread_mutex_unlock(&q->lock);
+    if (was_empty && !q->kick_pending) {
+        q->kick_pending = true;
+        qk_loop_call_soon(qk_loop_get(), kick_done, q);
+    }
+}
+
+static void coroutine_fn req_co(void *opaque)
+{
+    AReq *r = opaque;
+    QkAsyncImage *a = r->q->img;
+    QkIov qiov;
+    switch (r->op) {
+    case AOP_READ:
+    case AOP_WRITE:
+        qiov = (QkIov){.iov = r->iov, .niov = r->iovcnt, .nalloc = r->iovcnt, .size = r->len};
+        r->ret = r->op == AOP_READ ? qk_co_preadv(a->bs, r->off, r->len, &qiov, 0, 0)
+                                   : qk_co_pwritev(a->bs, r->off, r->len, &qiov, 0, 0);
+        break;
+    case AOP_ZERO:
+        r->ret = qk_co_pwrite_zeroes(a->bs, r->off, r->len, r->flags);
+        break;
+    case AOP_DISCARD:
+        r->ret = qk_co_pdiscard(a->bs, r->off, r->len);
+        break;
+    case AOP_FLUSH:
+        r->ret = qk_co_flush(a->bs);
+        break;
+    }
+    complete(r);
+    if (--a->in_flight == 0 && a->idle_waiter) {
+        QkCoroutine *w = a->idle_waiter;
+        a->idle_waiter = NULL;
+        qk_coroutine_wake(w);
+    }
+}
+
+/* Takes the inbox and starts a coroutine per request, until told to stop;
+ * then waits for the requests in flight. */
+static void coroutine_fn dispatcher(void *opaque)
+{
+    QkAsyncImage *a = opaque;
+    for (;;) {
+        pthread_mutex_lock(&a->lock);
+        AReq *list = a->in_head;
+        a->in_head = a->in_tail = NULL;
+        bool stop = a->stop;
+        pthread_mutex_unlock(&a->lock);
+        while (list) {
+            AReq *r = list;
+            list = list->next;
+            a->in_flight++;
+            qk_coroutine_wake(qk_coroutine_create(req_co, r));
+        }
+        if (stop) {
+            break;
+        }
+        int ev = qk_co_wait_fd(a->wake_fd, POLLIN, -1);
+        if (ev > 0) {
+            drain_fd(a->wake_fd);
+        }
+    }
+    while (a->in_flight) {
+        a->idle_waiter = qk_coroutine_self();
+        qk_coroutine_yield();
+    }
+}
+
+static void coroutine_fn final_flush(void *opaque)
+{
+    QkAsyncImage *a = opaque;
+    a->close_ret = qk_co_flush(a->bs);
+}
+
+static void *engine_main(void *opaque)
+{
+    QkAsyncImage *a = opaque;
+    QkError err = {0};
+    QkOpenOptions o = {.format = a->format};
+    if (a->flags & QK_IMAGE_RDWR) {
+        o.flags |= QK_OPEN_RDWR;
+    }
+    if (a->flags & QK_IMAGE_NOCACHE) {
+        o.flags |= QK_OPEN_NOCACHE;
+    }
+    QkBlock *bs = qk_block_open(a->filename, &o, &err);
+    pthread_mutex_lock(&a->lock);
+    a->bs = bs;
+    if (bs) {
+        int64_t len = qk_block_length(bs);
+        a->size = len > 0 ? (uint64_t)len : 0;
+    } else {
+        a->open_ret = err.code < 0 ? err.code : -EIO;
+        snprintf(a->open_msg, sizeof(a->open_msg), "%s", err.msg);
+    }
+    a->opened = true;
+    pthread_cond_signal(&a->opened_cond);
+    pthread_mutex_unlock(&a->lock);
+    if (bs) {
+        qk_co_run(dispatcher, a);
+        a->close_ret = 0;
+        if (!bs->read_only) {
+            qk_co_run(final_flush, a);
+        }
+        /* Closing writes back what the flush could not (metadata, the
+         * dirty bit): its error is the caller's too. */
+        int cr = qk_block_close(bs);
+        if (a->close_ret == 0) {
+            a->close_ret = cr;
+        }
+    }
+    qk_loop_destroy_current();
+    return NULL;
+}
+
+/* ---- the caller's side ---- */
+
+static void queue_destroy(QkQueue *q)
+{
+    for (AReq *r = q->spare, *n; r; r = n) {
+        n = r->next;
+        free(r);
+    }
+    for (AReq *r = q->done_head, *n; r; r = n) {
+        n = r->next;
+        if (r->iov != r->inline_iov) {
+            free(r->iov);
+        }
+        free(r);
+    }
+    if (q->done_fd >= 0) {
+        close(q->done_fd);
+    }
+    pthread_mutex_destroy(&q->lock);
+}
+
+static void async_free(QkAsyncImage *a, int nq)
+{
+    for (int i = 0; i < nq; i++) {
+        queue_destroy(&a->queues[i]);
+    }
+    if (a->wake_fd >= 0) {
+        close(a->wake_fd);
+    }
+    pthread_mutex_destroy(&a->lock);
+    pthread_cond_destroy(&a->opened_cond);
+    free(a->filename);
+    free(a->format);
+    free(a);
+}
+
+static void set_err(char *errbuf, size_t errlen, const char *msg)
+{
+    if (errbuf && errlen) {
+        snprintf(errbuf, errlen, "%s", msg);
+    }
+}
+
+QkAsyncImage *qk_async_open(const char *filename, const char *format, int flags, int nqueues,
+                            char *errbuf, size_t errlen)
+{
+    if (!filename || nqueues < 1 || nqueues > MAX_QUEUES) {
+        set_err(errbuf, errlen, "invalid argument (nqueues must be 1 to 64)");
+        return NULL;
+    }
+    QkAsyncImage *a = calloc(1, sizeof(*a) + (size_t)nqueues * sizeof(QkQueue));
+    if (!a) {
+        set_err(errbuf, errlen, "out of memory");
+        return NULL;
+    }
+    a->wake_fd = -1;
+    pthread_mutex_init(&a->lock, NULL);
+    pthread_cond_init(&a->opened_cond, NULL);
+    int nq = 0;
+    a->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    a->filename = strdup(filename);
+    a->format = format ? strdup(format) : NULL;
+    a->flags = flags;
+    a->nqueues = nqueues;
+    bool ok = a->wake_fd >= 0 && a->filename && (!format || a->format);
+    for (; ok && nq < nqueues; nq++) {
+        QkQueue *q = &a->queues[nq];
+        q->img = a;
+        pthread_mutex_init(&q->lock, NULL);
+        q->done_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        ok = q->done_fd >= 0;
+    }
+    if (!ok) {
+        set_err(errbuf, errlen, errno == ENOMEM ? "out of memory" : "Could not create an eventfd");
+        async_free(a, nq);
+        return NULL;
+    }
+    if (pthread_create(&a->thread, NULL, engine_main, a) != 0) {
+        set_err(errbuf, errlen, "Could not start the engine thread");
+        async_free(a, nq);
+        return NULL;
+    }
+    pthread_mutex_lock(&a->lock);
+    while (!a->opened) {
+        pthread_cond_wait(&a->opened_cond, &a->lock);
+    }
+    bool opened = a->bs != NULL;
+    pthread_mutex_unlock(&a->lock);
+    if (!opened) {
+        pthread_join(a->thread, NULL);
+        set_err(errbuf, errlen, a->open_msg);
+        async_free(a, nq);
+        return NULL;
+    }
+    return a;
+}
+
+int qk_async_close(QkAsyncImage *a)
+{
+    if (!a) {
+        return 0;
+    }
+    pthread_mutex_lock(&a->lock);
+    a->stop = true;
+    /* Requests enqueued but never handed over are dropped with their queue. */
+    pthread_mutex_unlock(&a->lock);
+    kick(a->wake_fd);
+    pthread_join(a->thread, NULL);
+    int r = a->close_ret;
+    for (int i = 0; i < a->nqueues; i++) {
+        QkQueue *q = &a->queues[i];
+        for (AReq *p = q->pend_head, *n; p; p = n) {
+            n = p->next;
+            if (p->iov != p->inline_iov) {
+                free(p->iov);
+            }
+            free(p);
+        }
+    }
+    async_free(a, a->nqueues);
+    return r;
+}
+
+uint64_t qk_async_size(const QkAsyncImage *a)
+{
+    return a->size;
+}
+
+QkQueue *qk_async_queue(QkAsyncImage *a, int i)
+{
+    return a && i >= 0 && i < a->nqueues ? &a->queues[i] : NULL;
+}
+
+int qk_queue_completion_fd(QkQueue *q)
+{
+    return q->done_fd;
+}
+
+unsigned qk_queue_outstanding(const QkQueue *q)
+{
+    return q->outstanding;
+}
+
+static AReq *req_get(QkQueue *q)
+{
+    AReq *r = q->spare;
+    if (r) {
+        q->spare = r->next;
+    } else {
+        r = malloc(sizeof(*r));
+    }
+    return r;
+}
+
+static void req_put(QkQueue *q, AReq *r)
+{
+    if (r->iov != r->inline_iov) {
+        free(r->iov);
+    }
+    r->iov = NULL;
+    r->next = q->spare;
+    q->spare = r;
+}
+
+static int enqueue(QkQueue *q, AOp op, uint64_t off, uint64_t len, const struct iovec *iov, int iovcnt,
+                   int flags, void *user_data)
+{
+    if (!q) {
+        return -EINVAL;
+    }
+    if (op == AOP_READ || op == AOP_WRITE) {
+        if (iovcnt < 0 || iovcnt > MAX_IOV || (iovcnt && !iov)) {
+            return -EINVAL;
+        }
+        len = 0;
+        for (int i = 0; i < iovcnt; i++) {
+            if (len + iov[i].iov_len < len) {
+                return -EINVAL;
+            }
+            len += iov[i].iov_len;
+        }
+    }
+    uint64_t end;
+    if (op != AOP_FLUSH && (__builtin_add_overflow(off, len, &end) || end > q->img->size)) {
+        return -EINVAL;
+    }
+    AReq *r = req_get(q);
+    if (!r) {
+        return -ENOMEM;
+    }
+    *r = (AReq){.q = q, .op = op, .off = off, .len = len, .flags = flags, .user_data = user_data,
+                .iovcnt = iovcnt};
+    r->iov = r->inline_iov;
+    if (iovcnt > INLINE_IOV) {
+        r->iov = malloc((size_t)iovcnt * sizeof(*iov));
+        if (!r->iov) {
+            r->iov = r->inline_iov;
+            req_put(q, r);
+            return -ENOMEM;
+        }
+    }
+    if (iovcnt) {
+        memcpy(r->iov, iov, (size_t)iovcnt * sizeof(*iov));
+    }
+    list_append(&q->pend_head, &q->pend_tail, r);
+    q->outstanding++;
+    return 0;
+}
+
+int qk_queue_readv(QkQueue *q, uint64_t off, const struct iovec *iov, int iovcnt, void *user_data)
+{
+    return enqueue(q, AOP_READ, off, 0, iov, iovcnt, 0, user_data);
+}
+
+int qk_queue_writev(QkQueue *q, uint64_t off, const struct iovec *iov, int iovcnt, void *user_data)
+{
+    return enqueue(q, AOP_WRITE, off, 0, iov, iovcnt, 0, user_data);
+}
+
+int qk_queue_write_zeroes(QkQueue *q, uint64_t off, uint64_t len, int flags, void *user_data)
+{
+    if (flags & ~QK_ZERO_UNMAP) {
+        return -EINVAL;
+    }
+    return enqueue(q, AOP_ZERO, off, len, NULL, 0, (flags & QK_ZERO_UNMAP) ? QK_REQ_MAY_UNMAP : 0, user_data);
+}
+
+int qk_queue_discard(QkQueue *q, uint64_t off, uint64_t len, void *user_data)
+{
+    return enqueue(q, AOP_DISCARD, off, len, NULL, 0, 0, user_data);
+}
+
+int qk_queue_flush(QkQueue *q, void *user_data)
+{
+    return enqueue(q, AOP_FLUSH, 0, 0, NULL, 0, 0, user_data);
+}
+
+static void hand_over(QkQueue *q)
+{
+    if (!q->pend_head) {
+        return;
+    }
+    QkAsyncImage *a = q->img;
+    pthread_mutex_lock(&a->lock);
+    bool was_empty = !a->in_head;
+    if (a->in_tail) {
+        a->in_tail->next = q->pend_head;
+    } else {
+        a->in_head = q->pend_head;
+    }
+    a->in_tail = q->pend_tail;
+    pthread_mutex_unlock(&a->lock);
+    q->pend_head = q->pend_tail = NULL;
+    if (was_empty) {
+        kick(a->wake_fd);
+    }
+}
+
+/* Moves up to max finished requests into out. */
+static int collect(QkQueue *q, QkCompletion *out, int max)
+{
+    if (max <= 0) {
+        return 0;
+    }
+    pthread_mutex_lock(&q->lock);
+    AReq *list = q->done_head;
+    int n = 0;
+    AReq *last = NULL;
+    for (AReq *r = list; r && n < max; r = r->next) {
+        last = r;
+        n++;
+    }
+    if (last) {
+        q->done_head = last->next;
+        if (!q->done_head) {
+            q->done_tail = NULL;
+        }
+        last->next = NULL;
+    }
+    pthread_mutex_unlock(&q->lock);
+    int i = 0;
+    for (AReq *r = last ? list : NULL, *next; r; r = next) {
+        next = r->next;
+        out[i++] = (QkCompletion){.user_data = r->user_data, .ret = r->ret};
+        req_put(q, r);
+    }
+    q->outstanding -= (unsigned)i;
+    return i;
+}
+
+int qk_queue_do_io(QkQueue *q, QkCompletion *out, int min, int max, int64_t timeout_ns)
+{
+    if (!q || min < 0 || min > max || (max > 0 && !out) || (unsigned)min > q->outstanding) {
+        return -EINVAL;
+    }
+    hand_over(q);
+    int64_t deadline = timeout_ns > 0 ? qk_clock_ns() + timeout_ns : 0;
+    int n = 0;
+    for (;;) {
+        /* Reset the descriptor first: a completion arriving after the
+         * collect below writes it again, so it is never missed. */
+        drain_fd(q->done_fd);
+        n += collect(q, out + n, max - n);
+        if (n >= min && (n > 0 || min == 0)) {
+            return n;
+        }
+        if (timeout_ns == 0) {
+            return n;
+        }
+        int ms = -1;
+        if (timeout_ns > 0) {
+            int64_t left = deadline - qk_clock_ns();
+            if (left <= 0) {
+                return n;
+            }
+            ms = (int)((left + 999999) / 1000000);
+        }
+        struct pollfd p = {.fd = q->done_fd, .events = POLLIN};
+        if (poll(&p, 1, ms) < 0 && errno != EINTR) {
+            return n > 0 ? n : -errno;
+        }
+    }
+}

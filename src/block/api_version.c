@@ -1,0 +1,33 @@
+/*
+ * The public API's process-wide calls: version, error strings and the
+ * choice of I/O backend (qk_version, qk_strerror, qk_set_aio_backend).
+ */
+#include "qcowkit/qcowkit.h"
+#include "aio/loop.h"
+#include "util/error.h"
+
+#include <errno.h>
+#include <string.h>
+
+const char *qk_version(void)
+{
+    return QK_VERSION;
+}
+
+const char *qk_strerror(int err)
+{
+    if (err == -QK_ECORRUPT) {
+        return "image is corrupt";
+    }
+    if (err >= 0) {
+        return "Success";
+    }
+    /* glibc returns its static message for every known code. */
+    const char *m = strerror(-err);
+    return m ? m : "Unknown error";
+}
+
+int qk_set_aio_backend(const char *name)
+{
+    return name ? qk_aio_set_backend_name(name) : -EINVAL;
+}

@@ -1,0 +1,78 @@
+/*
+ * qcowkit(1) as roff, written by `qcowkit --man` from the same command
+ * table and usage texts that --help and `qcowkit help NAME` print, so the
+ * manual cannot drift from the program. meson builds and installs it.
+ */
+#include "cmd.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* The environment variables the library and tools read. */
+static const struct {
+    const char *name, *text;
+} env_vars[] = {
+    {"QCOWKIT_AIO", "io_uring or threads: the I/O backend of every event loop (as --aio). io_uring is "
+                    "the default, with the thread pool as the fallback where io_uring is unavailable."},
+    {"QCOWKIT_URING_ASYNC_MIN", "Reads (and O_DIRECT writes) of at least this many bytes go to the "
+                                "kernel's io_uring workers instead of running inline (default 131072; 0: "
+                                "never)."},
+    {"QCOWKIT_URING_ASYNC_MIN_WRITE", "Buffered writes of at least this many bytes go to the backend's "
+                                      "page-cache writer threads (default 4096; 0: never)."},
+    {"QCOWKIT_URING_WRITER", "0 sends buffered writes to io_uring's workers instead of the writer "
+                             "threads (for measuring)."},
+    {"QCOWKIT_VMSTATE_FAIL_AT", "Testing only: makes the VM-state writer fail at the given byte."},
+};
+
+/* Prints text as roff lines: escapes backslashes and lines that roff
+ * would take as requests. */
+static void put_text(FILE *f, const char *text)
+{
+    bool bol = true;
+    for (const char *p = text; *p; p++) {
+        if (bol && (*p == '.' || *p == '\'')) {
+            fputs("\\&", f);
+        }
+        if (*p == '\\') {
+            fputs("\\e", f);
+        } else if (*p == '-') {
+            fputs("\\-", f);
+        } else {
+            fputc(*p, f);
+        }
+        bol = *p == '\n';
+    }
+    if (!bol) {
+        fputc('\n', f);
+    }
+}
+
+void qk_tool_print_man(FILE *f, const QkCommand *const *cmds, size_t n)
+{
+    fprintf(f, ".TH QCOWKIT 1 \"\" \"qcowkit %s\" \"User Commands\"\n", QK_VERSION);
+    fputs(".SH NAME\nqcowkit \\- create, inspect, check, copy and serve QCOW2 disk images\n", f);
+    fputs(".SH SYNOPSIS\n.B qcowkit\n[\\fB\\-\\-aio\\fR io_uring|threads] \\fICOMMAND\\fR [\\fIOPTIONS\\fR...] "
+          "\\fIARGS\\fR...\n.br\n.B qcowkit help\n\\fICOMMAND\\fR\n.br\n.B qcowkit \\-\\-version\n", f);
+    fputs(".SH DESCRIPTION\nqcowkit reads and writes QCOW2 (v2 and v3) and raw images, byte-compatible "
+          "with QEMU: images it writes open unchanged in QEMU, and it opens the images qemu-img writes. "
+          "Its commands take the flags, print the text and JSON, and exit with the codes of the "
+          "qemu-img and qemu-io commands they match.\n"
+          ".PP\nSizes accept the suffixes k, M, G, T (powers of 1024), e.g. 64k or 1G.\n", f);
+    fputs(".SH COMMANDS\n", f);
+    for (size_t i = 0; i < n; i++) {
+        fprintf(f, ".SS %s\n", cmds[i]->name);
+        put_text(f, cmds[i]->summary);
+        fputs(".PP\n.nf\n", f);
+        put_text(f, cmds[i]->usage);
+        fputs(".fi\n", f);
+    }
+    fputs(".SH ENVIRONMENT\n", f);
+    for (size_t i = 0; i < sizeof(env_vars) / sizeof(env_vars[0]); i++) {
+        fprintf(f, ".TP\n.B %s\n", env_vars[i].name);
+        put_text(f, env_vars[i].text);
+    }
+    fputs(".SH EXIT STATUS\n0 on success, 1 on an error (with a message on standard error); "
+          "check also returns 2 (corruptions), 3 (leaks only) and 63 (no check for the format), "
+          "as qemu-img check does.\n", f);
+    fputs(".SH SEE ALSO\n.BR libqcowkit (3),\n.BR qemu-img (1),\n.BR qemu-io (1),\n.BR qemu-nbd (8)\n", f);
+}
