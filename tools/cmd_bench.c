@@ -428,7 +428,10 @@ static int run(int argc, char **argv)
     }
     ret = 0;
 close:
-    qk_block_close(b->bs);
+    if (qk_block_close(b->bs) < 0 && ret == 0) {
+        qk_tool_error("closing the image failed: its last writes may be lost");
+        ret = 1;
+    }
 out:
     for (uint64_t i = 0; i < a.depth; i++) {
         free(w[i].buf);

@@ -189,7 +189,11 @@ static int run(int argc, char **argv)
         }
     }
     fflush(stdout);
-    qk_block_close(c.bs);
+    int cr = qk_block_close(c.bs);
+    if (cr < 0) {
+        qk_tool_error("%s: closing the image failed: %s", filename, strerror(-cr));
+        status = 1;
+    }
     return status;
 }
 

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const char *const usage_text =
     "Usage: qcowkit info [-f FMT] [--output=human|json] [--backing-chain] [-U] FILE\n"
@@ -174,12 +175,26 @@ static int run(int argc, char **argv)
     char *name = strdup(argv[optind]);
     char *layer_fmt = fmt ? strdup(fmt) : NULL;
     int ret = 0;
+    /* The layers seen, to name a loop as one; the same cap as opening. */
+    enum { MAX_LAYERS = 64 };
+    struct { dev_t dev; ino_t ino; } seen[MAX_LAYERS];
     for (int depth = 0; name; depth++) {
-        if (depth > 64) {
-            qk_tool_error("Backing chain of '%s' is too deep (a loop?)", argv[optind]);
+        struct stat st;
+        bool have = !qk_block_is_nbd_uri(name) && stat(name, &st) == 0;
+        for (int i = 0; have && i < depth; i++) {
+            if (seen[i].dev == st.st_dev && seen[i].ino == st.st_ino) {
+                qk_tool_error("Backing chain of '%s' loops: '%s' is its own backing file", argv[optind], name);
+                ret = 1;
+                goto done;
+            }
+        }
+        if (depth >= MAX_LAYERS) {
+            qk_tool_error("Backing chain of '%s' is too deep (more than %d images)", argv[optind], MAX_LAYERS);
             ret = 1;
             break;
         }
+        seen[depth].dev = have ? st.st_dev : 0;
+        seen[depth].ino = have ? st.st_ino : 0;
         QkError err = {0};
         QkBlock *bs = qk_tool_open(name, layer_fmt, flags, &err);
         if (!bs) {
@@ -216,6 +231,7 @@ static int run(int argc, char **argv)
             free(full);
         }
     }
+done:
     free(name);
     free(layer_fmt);
     if (json && ret == 0) {

@@ -138,8 +138,12 @@ static int run(int argc, char **argv)
     /* Line buffering keeps reports and stderr messages in order in logs. */
     setvbuf(stdout, NULL, _IOLBF, 0);
     qk_co_run(interp_entry, &r);
-    qk_block_close(r.io.bs);
     ret = r.failed;
+    int cr = qk_block_close(r.io.bs);
+    if (cr < 0) {
+        qk_tool_error("%s: closing the image failed: %s", filename, strerror(-cr));
+        ret = 1;
+    }
 out:
     free(r.cmds);
     return ret;

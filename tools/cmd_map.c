@@ -202,7 +202,11 @@ static int run(int argc, char **argv)
     m.end = max_len < len - (m.start < len ? m.start : len) ? m.start + max_len : len;
     qk_co_run(map_entry, &m);
     fflush(stdout);
-    qk_block_close(m.bs);
+    int cr = qk_block_close(m.bs);
+    if (cr < 0) {
+        qk_tool_error("%s: closing the image failed: %s", argv[optind], strerror(-cr));
+        return 1;
+    }
     return m.ret;
 }
 

@@ -92,8 +92,12 @@ static void coroutine_fn mirror_co(void *opaque)
         qk_tool_error("%s", job->state == QK_JOB_FAILED ? job->err.msg : "mirror was cancelled");
     }
     qk_job_free(job);
-    qk_co_block_close(dst);
+    int cr = qk_co_block_close(dst);
     qk_co_block_close(src);
+    if (cr < 0) {
+        qk_tool_error("closing '%s' failed: %s", c->dst, strerror(-cr));
+        c->ret = 1;
+    }
 }
 
 static const char usage_text[] =

@@ -397,7 +397,11 @@ static int run(int argc, char **argv)
     m.vmo.cluster_size = info.cluster_size;
     qk_co_run(snap_entry, &m);
     fflush(stdout);
-    qk_block_close(m.bs);
+    int cr = qk_block_close(m.bs);
+    if (cr < 0) {
+        qk_tool_error("%s: closing the image failed: %s", file, strerror(-cr));
+        return 1;
+    }
     return m.ret;
 }
 

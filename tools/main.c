@@ -1,9 +1,12 @@
 /*
  * qcowkit: entry point. Global options (--help, --version, --man, --aio) and
  * dispatch to subcommands; `qcowkit help NAME` prints a command's usage.
+ * QCOWKIT_INJECT arms fault injection (block/inject.h) for the command and
+ * reports the counts on stderr at the end.
  */
 #include "cmd.h"
 #include "aio/loop.h"
+#include "block/inject.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,9 +109,22 @@ int main(int argc, char **argv)
         !aio_threads) {
         fprintf(stderr, "%s: io_uring unavailable, using the thread pool\n", qk_progname);
     }
+    const char *inject = getenv("QCOWKIT_INJECT");
+    if (inject && *inject) {
+        QkError err = {0};
+        if (qk_inject_configure(inject, &err) < 0) {
+            qk_tool_error("QCOWKIT_INJECT: %s", err.msg);
+            return 1;
+        }
+    }
     /* getopt in subcommands starts from argv[0] = command name. */
     int r = c->run(argc - i, argv + i);
     fflush(stdout);
     qk_loop_destroy_current();
+    if (inject && *inject) {
+        char stats[256];
+        qk_inject_stats(stats, sizeof(stats));
+        qk_tool_error("inject: %s", stats);
+    }
     return r;
 }

@@ -57,8 +57,11 @@ typedef struct QkImage QkImage;
 QkImage *qk_image_open(const char *filename, const char *format, int flags,
                        char *errbuf, size_t errlen);
 
-/* qk_image_close - flushes (when writable) and closes; always frees. */
-void qk_image_close(QkImage *img);
+/* qk_image_close - flushes (when writable) and closes; always frees.
+ * Returns 0, or -errno when writing back failed (the final flush, cached
+ * metadata, clearing the dirty bit): data written since the last
+ * successful qk_image_flush may then be lost. */
+int qk_image_close(QkImage *img);
 
 /* qk_image_size - the virtual disk size in bytes. */
 uint64_t qk_image_size(const QkImage *img);

@@ -45,12 +45,14 @@ QkImage *qk_image_open(const char *filename, const char *format, int flags,
     return img;
 }
 
-void qk_image_close(QkImage *img)
+int qk_image_close(QkImage *img)
 {
+    int r = 0;
     if (img) {
-        qk_block_close(img->bs);
+        r = qk_block_close(img->bs);
         free(img);
     }
+    return r;
 }
 
 QkBlock *qk_image_node(QkImage *img)

@@ -232,7 +232,12 @@ static void *engine_main(void *opaque)
         if (!bs->read_only) {
             qk_co_run(final_flush, a);
         }
-        qk_block_close(bs);
+        /* Closing writes back what the flush could not (metadata, the
+         * dirty bit): its error is the caller's too. */
+        int cr = qk_block_close(bs);
+        if (a->close_ret == 0) {
+            a->close_ret = cr;
+        }
     }
     qk_loop_destroy_current();
     return NULL;

@@ -8,6 +8,7 @@
 #include "block/debug.h"
 #include "aio/loop.h"
 #include "block/dirty_bitmap.h"
+#include "block/inject.h"
 #include "util/checked.h"
 
 #include <errno.h>
@@ -15,6 +16,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static const QkBlockDriver *const drivers[] = {
@@ -167,13 +169,45 @@ static char *backing_path(const char *image, const char *backing)
     return p;
 }
 
+/* Images in a chain at most, the top included (QEMU has no fixed cap; a
+ * hostile chain of thousands of files would hold as many descriptors). */
 #define MAX_CHAIN 64
 
-static QkBlock *coroutine_fn open_depth(const char *filename, const QkOpenOptions *opts,
-                                        int depth, QkError *err)
+/* The images above the one being opened, to tell a loop from depth. */
+typedef struct ChainLink {
+    dev_t dev;
+    ino_t ino;
+    const struct ChainLink *up;
+} ChainLink;
+
+/* -ELOOP with a message when filename is already in the chain or the
+ * chain is too deep; fills *me for the image's own link. */
+static int chain_check(const char *filename, const ChainLink *up, int depth, ChainLink *me, QkError *err)
 {
-    if (depth > MAX_CHAIN) {
-        qk_error_set(err, -ELOOP, "backing chain of '%s' is too deep (loop?)", filename);
+    struct stat st;
+    *me = (ChainLink){.up = up};
+    if (!qk_block_is_nbd_uri(filename) && stat(filename, &st) == 0) {
+        me->dev = st.st_dev;
+        me->ino = st.st_ino;
+        for (const ChainLink *l = up; l; l = l->up) {
+            if (l->ino && l->dev == st.st_dev && l->ino == st.st_ino) {
+                return qk_error_set(err, -ELOOP, "backing chain loops: '%s' is its own backing file "
+                                    "%d level(s) down", filename, depth);
+            }
+        }
+    }
+    if (depth >= MAX_CHAIN) {
+        return qk_error_set(err, -ELOOP, "backing chain is too deep: '%s' would be image %d, "
+                            "at most %d are opened", filename, depth + 1, MAX_CHAIN);
+    }
+    return 0;
+}
+
+static QkBlock *coroutine_fn open_depth(const char *filename, const QkOpenOptions *opts,
+                                        int depth, const ChainLink *up, QkError *err)
+{
+    ChainLink me;
+    if (chain_check(filename, up, depth, &me, err) < 0) {
         return NULL;
     }
     const QkBlockDriver *drv = NULL;
@@ -218,7 +252,14 @@ static QkBlock *coroutine_fn open_depth(const char *filename, const QkOpenOption
         bo.flags &= ~QK_OPEN_RDWR;
         bo.format = bs->backing_format;
         QkError berr = {0};
-        bs->backing = path ? open_depth(path, &bo, depth + 1, &berr) : NULL;
+        bs->backing = path ? open_depth(path, &bo, depth + 1, &me, &berr) : NULL;
+        if (!bs->backing && berr.code == -ELOOP) {
+            /* Said once, not under one prefix per level. */
+            qk_error_set(err, berr.code, "%s", berr.msg);
+            free(path);
+            qk_co_block_close(bs);
+            return NULL;
+        }
         if (!bs->backing) {
             qk_error_set(err, berr.code ? berr.code : -ENOMEM,
                          "Could not open backing file: %s", berr.code ? berr.msg : "out of memory");
@@ -234,7 +275,7 @@ static QkBlock *coroutine_fn open_depth(const char *filename, const QkOpenOption
 QkBlock *coroutine_fn qk_co_block_open(const char *filename, const QkOpenOptions *opts, QkError *err)
 {
     QkOpenOptions def = {0};
-    QkBlock *bs = open_depth(filename, opts ? opts : &def, 0, err);
+    QkBlock *bs = open_depth(filename, opts ? opts : &def, 0, NULL, err);
     return bs;
 }
 
@@ -260,38 +301,56 @@ QkBlock *qk_block_open(const char *filename, const QkOpenOptions *opts, QkError 
     return o.bs;
 }
 
-void coroutine_fn qk_co_block_close(QkBlock *bs)
+/* Keeps the first error: later ones are usually its consequences. */
+static void first_error(int *r, int e)
+{
+    if (*r == 0 && e < 0) {
+        *r = e;
+    }
+}
+
+int coroutine_fn qk_co_block_close(QkBlock *bs)
 {
     if (!bs) {
-        return;
+        return 0;
     }
+    int r = 0;
     qk_co_drain(bs);
     if (!bs->read_only) {
-        qk_co_flush(bs);
+        first_error(&r, qk_co_flush(bs));
     }
     if (bs->drv->co_close) {
-        bs->drv->co_close(bs);
+        first_error(&r, bs->drv->co_close(bs));
     }
     if (bs->backing) {
-        qk_co_block_close(bs->backing);
+        first_error(&r, qk_co_block_close(bs->backing));
     }
     if (bs->file) {
-        qk_co_block_close(bs->file);
+        first_error(&r, qk_co_block_close(bs->file));
     }
     qk_dirty_bitmap_remove_all(bs);
     node_free(bs);
+    return r;
 }
+
+typedef struct CloseCo {
+    QkBlock *bs;
+    int ret;
+} CloseCo;
 
 static void coroutine_fn close_entry(void *opaque)
 {
-    qk_co_block_close(opaque);
+    CloseCo *c = opaque;
+    c->ret = qk_co_block_close(c->bs);
 }
 
-void qk_block_close(QkBlock *bs)
+int qk_block_close(QkBlock *bs)
 {
+    CloseCo c = {.bs = bs};
     if (bs) {
-        qk_co_run(close_entry, bs);
+        qk_co_run(close_entry, &c);
     }
+    return c.ret;
 }
 
 int coroutine_fn qk_co_block_create(const char *filename, const QkCreateOptions *opts, QkError *err)
@@ -498,7 +557,7 @@ int coroutine_fn qk_co_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t bytes, 
             uint64_t n = QK_MIN((uint64_t)chunk, bytes - done);
             QkIov q;
             qk_iov_init_buf(&q, z, n);
-            r = bs->drv->co_pwritev(bs, off + done, n, &q, 0, flags & QK_REQ_FUA);
+            r = bs->drv->co_pwritev(bs, off + done, n, &q, 0, flags & (QK_REQ_FUA | QK_REQ_KIND_MASK));
         }
         free(z);
     }

@@ -39,6 +39,8 @@ enum {
     QK_REQ_FUA = 1 << 0,           /* data is stable when the request completes */
     QK_REQ_MAY_UNMAP = 1 << 1,     /* zero write may deallocate */
     QK_REQ_NO_FALLBACK = 1 << 2,   /* zero write: fail with -ENOTSUP rather than write zeros */
+    /* Bits 8..11 say what a format driver writes to its file (QK_REQ_KIND
+     * in block/inject.h), so fault injection can pick metadata writes. */
 };
 
 /* Block status flags (a superset of what NBD base:allocation needs). */
@@ -118,7 +120,9 @@ struct QkBlockDriver {
     int (*probe)(const uint8_t *buf, size_t len);
 
     int coroutine_fn (*co_open)(QkBlock *bs, const QkOpenOptions *opts, QkError *err);
-    void coroutine_fn (*co_close)(QkBlock *bs);
+    /* Releases the node; returns the first error of writing back what it
+     * still held (0 for read-only nodes). The node is gone either way. */
+    int coroutine_fn (*co_close)(QkBlock *bs);
     int coroutine_fn (*co_create)(const char *filename, const QkCreateOptions *opts, QkError *err);
 
     int coroutine_fn (*co_preadv)(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov,
@@ -220,8 +224,11 @@ QkBlock *coroutine_fn qk_co_block_open(const char *filename, const QkOpenOptions
 QkBlock *qk_block_open(const char *filename, const QkOpenOptions *opts, QkError *err);
 /* Opens a protocol node (host file) directly. */
 QkBlock *coroutine_fn qk_co_file_open(const char *filename, int flags, QkError *err);
-void coroutine_fn qk_co_block_close(QkBlock *bs);
-void qk_block_close(QkBlock *bs);
+/* Drains, flushes and frees bs and its children. Returns 0 or the first
+ * error met while writing back (the final flush, metadata, the dirty bit):
+ * then data written since the last successful flush may be lost. */
+int coroutine_fn qk_co_block_close(QkBlock *bs);
+int qk_block_close(QkBlock *bs);
 int coroutine_fn qk_co_block_create(const char *filename, const QkCreateOptions *opts, QkError *err);
 int qk_block_create(const char *filename, const QkCreateOptions *opts, QkError *err);
 

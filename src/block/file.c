@@ -16,6 +16,7 @@
 #include "block/block.h"
 #include "block/writelog.h"
 #include "aio/aio.h"
+#include "block/inject.h"
 #include "util/checked.h"
 
 #include <errno.h>
@@ -120,17 +121,20 @@ static int coroutine_fn file_open(QkBlock *bs, const QkOpenOptions *opts, QkErro
     return 0;
 }
 
-static void coroutine_fn file_close(QkBlock *bs)
+static int coroutine_fn file_close(QkBlock *bs)
 {
     FileState *s = bs->opaque;
-    if (s->fd >= 0) {
-        close(s->fd);
-        s->fd = -1;
+    int r = 0;
+    if (s->fd >= 0 && close(s->fd) < 0 && errno != EINTR) {
+        /* NFS and some FUSE file systems report write-back errors here. */
+        r = -errno;
     }
     if (s->log) {
         qk_write_log_detach(s->log);
         s->log = NULL;
     }
+    s->fd = -1;
+    return r;
 }
 
 /* Transfers exactly [off, off+q->size), resubmitting after short
@@ -256,10 +260,13 @@ static int coroutine_fn file_pwritev(QkBlock *bs, uint64_t off, uint64_t bytes, 
                                      size_t qiov_off, int flags)
 {
     FileState *s = bs->opaque;
+    int r = qk_inject_write(flags);
+    if (r < 0) {
+        return r;
+    }
     QkIov sub;
     qk_iov_init(&sub, qiov->niov);
     qk_iov_concat(&sub, qiov, qiov_off, bytes);
-    int r;
     if (!s->direct) {
         r = host_write_full(s, off, &sub);
     } else {
@@ -319,7 +326,11 @@ static int coroutine_fn file_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t b
             return -ENOTSUP; /* the generic path does RMW correctly */
         }
     }
-    int r;
+    /* Counted once: a refusal above comes back as a plain write. */
+    int r = qk_inject_write(flags);
+    if (r < 0) {
+        return r;
+    }
     struct stat st;
     bool past_eof = fstat(s->fd, &st) == 0 && off + bytes > (uint64_t)st.st_size;
     if ((flags & QK_REQ_MAY_UNMAP) && !past_eof) {
@@ -364,7 +375,8 @@ static int coroutine_fn file_flush(QkBlock *bs)
     if (s->no_flush) {
         return 0;
     }
-    return file_sync(s, 0);
+    int r = qk_inject_flush();
+    return r < 0 ? r : file_sync(s, 0);
 }
 
 static int64_t file_get_length(QkBlock *bs)
@@ -473,7 +485,10 @@ static int coroutine_fn file_create(const char *filename, const QkCreateOptions 
         return err->code;
     }
     int r = file_truncate(bs, opts->size, opts->prealloc, err);
-    qk_co_block_close(bs);
+    int cr = qk_co_block_close(bs);
+    if (r == 0 && cr < 0) {
+        r = qk_error_set_errno(err, cr, "Could not close '%s'", filename);
+    }
     return r;
 }
 

@@ -398,11 +398,11 @@ static int coroutine_fn qnbd_open(QkBlock *bs, const QkOpenOptions *opts, QkErro
     return 0;
 }
 
-static void coroutine_fn qnbd_close(QkBlock *bs)
+static int coroutine_fn qnbd_close(QkBlock *bs)
 {
     NbdState *s = bs->opaque;
     if (!s->h) {
-        return;
+        return 0;
     }
     s->closing = true;
     qk_co_queue_wake_all(&s->reader_wake);
@@ -425,6 +425,7 @@ static void coroutine_fn qnbd_close(QkBlock *bs)
     }
     nbd_close(s->h);
     s->h = NULL;
+    return 0;
 }
 
 static void qnbd_get_info(QkBlock *bs, QkImageInfo *info)

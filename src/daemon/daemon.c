@@ -149,7 +149,10 @@ static void coroutine_fn daemon_main(void *opaque)
         qk_co_control_stop(d->ctl);
     }
     qk_co_control_jobs_shutdown(); /* jobs use export nodes: end them first */
-    qk_co_nbd_server_shutdown(d->srv);
+    int r = qk_co_nbd_server_shutdown(d->srv);
+    if (r < 0 && d->ret == 0) {
+        d->ret = qk_error_set_errno(d->err, r, "Closing the exports failed: their last writes may be lost");
+    }
     if (d->sig_running) {
         qk_loop_cancel_fd_wait(qk_loop_get(), d->sigfd);
         while (d->sig_running) {

@@ -149,8 +149,12 @@ int coroutine_fn qk_co_nbd_server_del_export(QkNbdServer *srv, const char *name,
     while (e->clients > 0) {
         qk_co_queue_wait(&e->clients_gone);
     }
-    qk_co_block_close(e->bs);
+    int r = qk_co_block_close(e->bs);
     export_free(e);
+    if (r < 0) {
+        return qk_error_set_errno(err, r, "export '%s' was removed, but writing back its last changes "
+                                  "failed", name);
+    }
     return 0;
 }
 
@@ -343,8 +347,9 @@ static void coroutine_fn stop_listeners(QkNbdServer *srv)
     }
 }
 
-void coroutine_fn qk_co_nbd_server_shutdown(QkNbdServer *srv)
+int coroutine_fn qk_co_nbd_server_shutdown(QkNbdServer *srv)
 {
+    int ret = 0;
     srv->shutting_down = true;
     stop_listeners(srv);
     for (QkNbdClient *c = srv->clients; c; c = c->next) {
@@ -365,9 +370,13 @@ void coroutine_fn qk_co_nbd_server_shutdown(QkNbdServer *srv)
     while (srv->exports) {
         QkNbdExport *e = srv->exports;
         srv->exports = e->next;
-        qk_co_block_close(e->bs); /* drains and flushes */
+        int r = qk_co_block_close(e->bs); /* drains and flushes */
+        if (r < 0 && ret == 0) {
+            ret = r;
+        }
         export_free(e);
     }
+    return ret;
 }
 
 void qk_nbd_server_free(QkNbdServer *srv)

@@ -56,8 +56,10 @@ QkNbdExport *qk_nbd_server_first_export(QkNbdServer *srv);
 int coroutine_fn qk_co_nbd_server_del_export(QkNbdServer *srv, const char *name, QkError *err);
 
 /* Clean shutdown: stop accepting, let every client finish the requests it
- * has in flight, disconnect it, then flush and close every export. */
-void coroutine_fn qk_co_nbd_server_shutdown(QkNbdServer *srv);
+ * has in flight, disconnect it, then flush and close every export.
+ * Returns the first error of closing an export (its last writes may be
+ * lost), or 0. */
+int coroutine_fn qk_co_nbd_server_shutdown(QkNbdServer *srv);
 
 unsigned qk_nbd_server_client_count(QkNbdServer *srv);
 

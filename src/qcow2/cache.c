@@ -258,7 +258,8 @@ static int coroutine_fn write_entry(Qcow2Cache *c, int i)
     e->writing = true;
     c->nwriting++;
     e->ref++;
-    r = qk_co_pwrite(c->s->bs->file, e->offset, c->table_size, copy, 0);
+    r = qk_co_pwrite(c->s->bs->file, e->offset, c->table_size, copy,
+                     QK_REQ_KIND(c == c->s->rb_cache ? QK_IO_REFBLOCK : QK_IO_L2));
     if (c->spare) {
         free(copy);
     } else {

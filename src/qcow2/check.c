@@ -80,6 +80,17 @@ bool ck_table_ok(Check *k, uint64_t off, uint64_t len)
     return qk_is_aligned(off, k->s->cluster_size) && qk_range_within(off, len, k->file_len);
 }
 
+/* True if a cluster of [off, off+len) (inside the file) is referenced already. */
+static bool referenced(Check *k, uint64_t off, uint64_t len)
+{
+    for (uint64_t c = off >> k->s->cluster_bits; len && c <= (off + len - 1) >> k->s->cluster_bits; c++) {
+        if (k->refs[c]) {
+            return true;
+        }
+    }
+    return false;
+}
+
 static int coroutine_fn check_l2(Check *k, uint64_t l2off, bool active)
 {
     Qcow2State *s = k->s;
@@ -225,6 +236,15 @@ static int coroutine_fn check_snapshots(Check *k)
         if ((uint64_t)l1_size * 8 > QCOW2_MAX_L1_BYTES || !ck_table_ok(k, l1_off, (uint64_t)l1_size * 8)) {
             ck_say(k, "ERROR snapshot %u has an invalid L1 table (offset 0x%llx, %u entries)", i,
                 (unsigned long long)l1_off, l1_size);
+            k->res->corruptions++;
+            continue;
+        }
+        if (referenced(k, l1_off, (uint64_t)l1_size * 8)) {
+            /* Every snapshot has an L1 copy of its own. Not walking a shared
+             * one also bounds the work by the file size: a hostile table can
+             * name one 32 MiB L1 table 65536 times. */
+            ck_say(k, "ERROR snapshot %u: its L1 table (offset 0x%llx) overlaps other metadata", i,
+                (unsigned long long)l1_off);
             k->res->corruptions++;
             continue;
         }

@@ -202,11 +202,12 @@ int coroutine_fn qcow2_co_create(const char *filename, const QkCreateOptions *o,
         free(buf);
         return err->code ? err->code : -EIO;
     }
-    r = qk_co_pwrite(file, 0, 3ULL * cs, buf, 0);
+    r = qk_co_pwrite(file, 0, 3ULL * cs, buf, QK_REQ_KIND(QK_IO_HEADER));
     if (r == 0) {
         r = qk_co_flush(file);
     }
-    qk_co_block_close(file);
+    int cr = qk_co_block_close(file);
+    r = r < 0 ? r : cr;
     free(buf);
     if (r < 0) {
         return qk_error_set_errno(err, r, "Could not write qcow2 header");
@@ -218,6 +219,9 @@ int coroutine_fn qcow2_co_create(const char *filename, const QkCreateOptions *o,
         return err->code ? err->code : -EIO;
     }
     r = qk_co_truncate(bs, size, o->prealloc, err);
-    qk_co_block_close(bs);
+    cr = qk_co_block_close(bs);
+    if (r == 0 && cr < 0) {
+        r = qk_error_set_errno(err, cr, "Could not write the new image");
+    }
     return r;
 }

@@ -298,6 +298,7 @@ int qcow2_parse_extensions(Qcow2State *s, const uint8_t *c0, char **backing_fmt,
      * unchecked: never look past cluster 0, which is all c0 holds. */
     uint64_t end = h->backing_file_offset ? QK_MIN(h->backing_file_offset, s->cluster_size) : s->cluster_size;
     Qcow2Ext **tail = &s->exts;
+    unsigned count = 0;
     *backing_fmt = NULL;
     while (pos + 8 <= end) {
         uint32_t type = qcow2_ld32(c0 + pos);
@@ -308,6 +309,11 @@ int qcow2_parse_extensions(Qcow2State *s, const uint8_t *c0, char **backing_fmt,
         }
         if (!qk_range_within(pos, len, end)) {
             return qk_error_corrupt(err, "header extension %#x (%u bytes) overruns the header area", type, len);
+        }
+        if (++count > QCOW2_MAX_HEADER_EXTENSIONS) {
+            /* A 2 MiB header cluster holds 262144 empty ones, each kept. */
+            return qk_error_corrupt(err, "too many header extensions (more than %d): the list never ends",
+                                    QCOW2_MAX_HEADER_EXTENSIONS);
         }
         Qcow2Ext *e = calloc(1, sizeof(*e));
         if (!e || !(e->data = malloc(len ? len : 1))) {
@@ -357,7 +363,7 @@ int coroutine_fn qcow2_write_header_field(Qcow2State *s, unsigned off, unsigned 
         return -EINVAL;
     }
     qcow2_header_to_be(&s->h, b);
-    return qk_co_pwrite(s->bs->file, off, len, b + off, 0);
+    return qk_co_pwrite(s->bs->file, off, len, b + off, QK_REQ_KIND(QK_IO_HEADER));
 }
 
 int coroutine_fn qcow2_set_incompat(Qcow2State *s, uint64_t incompat)

@@ -155,7 +155,7 @@ int coroutine_fn qcow2_write_l1_entry(Qcow2State *s, uint64_t i)
 {
     uint8_t b[8];
     qcow2_st64(b, s->l1[i]);
-    return qk_co_pwrite(s->bs->file, s->l1_offset + i * 8, 8, b, 0);
+    return qk_co_pwrite(s->bs->file, s->l1_offset + i * 8, 8, b, QK_REQ_KIND(QK_IO_L1));
 }
 
 int coroutine_fn qcow2_get_l2_for_write(Qcow2State *s, uint64_t l1i, void **table)
@@ -248,7 +248,7 @@ int coroutine_fn qcow2_grow_l1(Qcow2State *s, uint64_t min_size, QkError *err)
         r = qcow2_cache_flush(s->rb_cache);
     }
     if (r == 0) {
-        r = qk_co_pwrite(s->bs->file, (uint64_t)off, bytes, be, 0);
+        r = qk_co_pwrite(s->bs->file, (uint64_t)off, bytes, be, QK_REQ_KIND(QK_IO_L1));
     }
     if (r == 0) {
         r = qk_co_flush(s->bs->file);

@@ -69,6 +69,9 @@ int coroutine_fn qcow2_flush_caches(Qcow2State *s)
     if (r == 0) {
         r = qcow2_cache_flush(s->l2_cache);
     }
+    if (r == 0 && s->l1_dirty) {
+        r = qcow2_rewrite_active_l1(s);
+    }
     return r;
 }
 
@@ -218,27 +221,33 @@ fail:
     return r;
 }
 
-static void coroutine_fn qcow2_close(QkBlock *bs)
+static int coroutine_fn qcow2_close(QkBlock *bs)
 {
     Qcow2State *s = qcow2_state(bs);
+    int r = 0;
     if (!s->read_only) {
         qk_co_mutex_lock(&s->lock);
-        int r = qcow2_flush_caches(s);
+        r = qcow2_flush_caches(s);
         if (r == 0 && s->dirty_set_by_us) {
             r = qk_co_flush(bs->file);
             if (r == 0) {
-                qcow2_set_incompat(s, s->h.incompatible_features & ~QCOW2_INCOMPAT_DIRTY);
+                r = qcow2_set_incompat(s, s->h.incompatible_features & ~QCOW2_INCOMPAT_DIRTY);
             }
         }
         if (r == 0 && s->file_grown && s->file_size > s->host_end) {
-            /* Give back what we grew ahead but never used. */
+            /* Give back what we grew ahead but never used. Failing to is
+             * harmless (the tail is unreferenced), so it is not reported. */
             QkError err = {0};
             qk_co_truncate(bs->file, s->host_end, QK_PREALLOC_OFF, &err);
         }
-        qk_co_flush(bs->file);
+        int fr = qk_co_flush(bs->file);
+        if (r == 0) {
+            r = fr;
+        }
         qk_co_mutex_unlock(&s->lock);
     }
     free_state(s);
+    return r;
 }
 
 static int coroutine_fn qcow2_co_flush(QkBlock *bs)

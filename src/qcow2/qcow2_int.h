@@ -12,6 +12,7 @@
 
 #include "aio/co_sync.h"
 #include "block/block.h"
+#include "block/inject.h"
 #include "qcow2/qcow2.h"
 #include "util/checked.h"
 #include "util/error.h"
@@ -25,6 +26,9 @@
 #define QCOW2_MAX_SNAPSHOTS 65536
 #define QCOW2_MAX_SNAPSHOT_TABLE_BYTES (64ULL << 20)
 #define QCOW2_MAX_BACKING_NAME 1023
+/* Ours, not QEMU's (it reads extensions up to the end of cluster 0): real
+ * images carry a handful. */
+#define QCOW2_MAX_HEADER_EXTENSIONS 1024
 /* Host offsets must fit the 56-bit offset fields of L1/L2 entries. */
 #define QCOW2_MAX_HOST_OFFSET (1ULL << 56)
 
@@ -170,6 +174,7 @@ struct Qcow2State {
     uint64_t *l1;               /* host order */
     uint32_t l1_size;
     uint64_t l1_offset;
+    bool l1_dirty;              /* a rewrite of the active L1 failed; flush retries it */
 
     uint64_t *rt;               /* refcount table, host order */
     uint64_t rt_size;           /* entries in memory */

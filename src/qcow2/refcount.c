@@ -72,14 +72,19 @@ int coroutine_fn qcow2_get_refcount(Qcow2State *s, uint64_t cluster, uint64_t *r
     return 0;
 }
 
-int coroutine_fn qcow2_write_rt_entry(Qcow2State *s, uint64_t ti)
+static int coroutine_fn write_rt_value(Qcow2State *s, uint64_t ti, uint64_t v)
 {
     if (ti >= s->rt_disk_size) {
         return 0; /* the table being built is written whole later */
     }
     uint8_t b[8];
-    qcow2_st64(b, s->rt[ti]);
-    return qk_co_pwrite(s->bs->file, s->rt_offset + ti * 8, 8, b, 0);
+    qcow2_st64(b, v);
+    return qk_co_pwrite(s->bs->file, s->rt_offset + ti * 8, 8, b, QK_REQ_KIND(QK_IO_REFTABLE));
+}
+
+int coroutine_fn qcow2_write_rt_entry(Qcow2State *s, uint64_t ti)
+{
+    return write_rt_value(s, ti, s->rt[ti]);
 }
 
 /* Writes zeros over [from, target) of the host file in large requests.
@@ -307,11 +312,15 @@ static int coroutine_fn alloc_block(Qcow2State *s, uint64_t ti)
             return r;
         }
         uint64_t t = self ? tb : ti;
-        s->rt[t] = b << s->cluster_bits;
-        r = qcow2_write_rt_entry(s, t);
+        /* In memory only once on disk: refcounts kept in a block the
+         * table on disk does not name would read as 0 after a failed
+         * write (the block's cluster leaks instead). */
+        r = write_rt_value(s, t, b << s->cluster_bits);
         if (r < 0) {
+            qcow2_cache_discard(s->rb_cache, b << s->cluster_bits);
             return r;
         }
+        s->rt[t] = b << s->cluster_bits;
         if (t == ti) {
             return 0;
         }
@@ -346,6 +355,7 @@ static int coroutine_fn grow_table(Qcow2State *s, uint64_t need_ti)
         }
         memcpy(nt, s->rt, s->rt_size * 8);
         uint64_t *old = s->rt;
+        uint64_t old_size = s->rt_size;
         uint64_t old_off = s->rt_offset, old_clusters = s->rt_clusters;
         s->rt = nt;
         s->rt_size = entries;
@@ -370,7 +380,8 @@ static int coroutine_fn grow_table(Qcow2State *s, uint64_t need_ti)
             r = qcow2_ensure_file_size(s, (start + nclusters) << s->cluster_bits);
         }
         if (r == 0) {
-            r = qk_co_pwrite(s->bs->file, start << s->cluster_bits, entries * 8, be, 0);
+            r = qk_co_pwrite(s->bs->file, start << s->cluster_bits, entries * 8, be,
+                             QK_REQ_KIND(QK_IO_REFTABLE));
         }
         free(be);
         if (r == 0) {
@@ -382,10 +393,23 @@ static int coroutine_fn grow_table(Qcow2State *s, uint64_t need_ti)
             r = qcow2_write_header_field(s, QCOW2_HOFF_REFTABLE, 12);
         }
         if (r < 0) {
-            /* Keep the bigger in-memory table: refcounts already moved into it. */
+            /* Back to the table on disk. Blocks only the new table names
+             * are unreachable from it: forget them (they counted nothing
+             * but the new table's clusters, which leak at worst), so that
+             * no later refcount goes where no reader would look; the next
+             * allocation past the old table grows it again. Blocks the old
+             * range gained meanwhile were written into the old table. */
             s->h.refcount_table_offset = old_off;
             s->h.refcount_table_clusters = old_clusters;
-            free(old);
+            memcpy(old, nt, old_size * 8);
+            for (uint64_t i = old_size; i < entries; i++) {
+                if (nt[i] & QCOW2_REFT_OFFSET_MASK) {
+                    qcow2_cache_discard(s->rb_cache, nt[i] & QCOW2_REFT_OFFSET_MASK);
+                }
+            }
+            s->rt = old;
+            s->rt_size = old_size;
+            free(nt);
             return r;
         }
         s->rt_offset = start << s->cluster_bits;

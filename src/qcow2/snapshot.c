@@ -157,15 +157,23 @@ static int coroutine_fn write_l1(Qcow2State *s, uint64_t off, const uint64_t *l1
     for (uint64_t i = 0; i < n; i++) {
         qcow2_st64(&be[i], strip_copied ? l1[i] & ~QCOW2_OFLAG_COPIED : l1[i]);
     }
-    int r = qk_co_pwrite(s->bs->file, off, bytes, be, 0);
+    int r = qk_co_pwrite(s->bs->file, off, bytes, be, QK_REQ_KIND(QK_IO_L1));
     free(be);
     return r;
 }
 
-/* Writes the in-memory active L1 back in place (after COPIED changes). */
-static int coroutine_fn rewrite_active_l1(Qcow2State *s)
+/* Writes the in-memory active L1 back in place (after COPIED changes).
+ * A failure leaves l1_dirty set, so the next flush (or close) tries again:
+ * COPIED flags on disk that disagree with the refcounts are corruption to
+ * qemu-img check. */
+int coroutine_fn qcow2_rewrite_active_l1(Qcow2State *s)
 {
-    return write_l1(s, s->l1_offset, s->l1, s->l1_size, false);
+    s->l1_dirty = true;
+    int r = write_l1(s, s->l1_offset, s->l1, s->l1_size, false);
+    if (r == 0) {
+        s->l1_dirty = false;
+    }
+    return r;
 }
 
 static int coroutine_fn read_l1(Qcow2State *s, uint64_t off, uint64_t n, uint64_t alloc_n, uint64_t **out)
@@ -204,9 +212,14 @@ static int coroutine_fn sync_all(Qcow2State *s)
 static int coroutine_fn update_active_tree(Qcow2State *s, int delta)
 {
     bool changed;
+    /* A walk that fails half way leaves some flags changed in memory. */
+    bool was_dirty = s->l1_dirty;
+    s->l1_dirty = true;
     int r = qcow2_walk_l1(s, s->l1, s->l1_size, delta, true, &changed);
-    if (r == 0 && changed) {
-        r = rewrite_active_l1(s);
+    if (r == 0 && (changed || was_dirty)) {
+        r = qcow2_rewrite_active_l1(s);
+    } else if (r == 0) {
+        s->l1_dirty = false;
     }
     return r < 0 ? r : sync_all(s);
 }
@@ -249,13 +262,14 @@ static int coroutine_fn drop_copied_active(Qcow2State *s)
         }
         qcow2_cache_put(s->l2_cache, &t);
         s->l1[i] &= ~QCOW2_OFLAG_COPIED;
+        s->l1_dirty = true; /* a failed rewrite below is retried by the next flush */
         l1_changed = true;
     }
     if (r == 0) {
         r = sync_all(s);
     }
     if (r == 0 && l1_changed) {
-        r = rewrite_active_l1(s);
+        r = qcow2_rewrite_active_l1(s);
         if (r == 0) {
             r = qk_co_flush(s->bs->file);
         }
@@ -554,7 +568,7 @@ int coroutine_fn qcow2_drop_l1_tail(Qcow2State *s, uint64_t from)
     int r = 0;
     if (any) {
         /* Unhooked on disk before the references go. */
-        r = rewrite_active_l1(s);
+        r = qcow2_rewrite_active_l1(s);
         if (r == 0) {
             r = qk_co_flush(s->bs->file);
         }

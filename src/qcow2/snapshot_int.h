@@ -74,6 +74,8 @@ int coroutine_fn qcow2_walk_l1(Qcow2State *s, uint64_t *l1, uint64_t n, int adde
 /* Drops active L1 entries [from, l1_size) (the VM-state area) and their
  * clusters. s->lock held. */
 int coroutine_fn qcow2_drop_l1_tail(Qcow2State *s, uint64_t from);
+/* Writes the whole active L1 table in place; clears l1_dirty on success. */
+int coroutine_fn qcow2_rewrite_active_l1(Qcow2State *s);
 
 /* vmstate.c */
 uint64_t qcow2_vm_state_offset(const Qcow2State *s);

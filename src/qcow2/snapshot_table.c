@@ -82,6 +82,7 @@ int coroutine_fn qcow2_snapshots_read(Qcow2State *s, Qcow2Snapshot **out, uint32
         return qk_error_set(err, -ENOMEM, "out of memory");
     }
     uint64_t off = s->h.snapshots_offset, pos = off;
+    uint64_t l1_total = 0;  /* bytes of all snapshot L1 tables */
     int r = 0;
     uint32_t i;
     for (i = 0; i < nb; i++) {
@@ -126,6 +127,16 @@ int coroutine_fn qcow2_snapshots_read(Qcow2State *s, Qcow2Snapshot **out, uint32
             !qk_is_aligned(sn[i].l1_offset, s->cluster_size) ||
             (sn[i].l1_size && !qk_range_within(sn[i].l1_offset, (uint64_t)sn[i].l1_size * 8, (uint64_t)flen))) {
             r = qk_error_corrupt(err, "snapshot '%s' has an invalid L1 table", sn[i].name);
+            i++;
+            break;
+        }
+        /* Each snapshot has its own L1 copy, so together they fit in the
+         * file; a hostile table naming one huge L1 table many times would
+         * otherwise make every walk over the snapshots read it again. */
+        l1_total += qk_align_up((uint64_t)sn[i].l1_size * 8, s->cluster_size);
+        if (l1_total > (uint64_t)flen) {
+            r = qk_error_corrupt(err, "the snapshots' L1 tables (%llu bytes up to snapshot '%s') "
+                                 "do not fit in the file", (unsigned long long)l1_total, sn[i].name);
             i++;
             break;
         }
@@ -211,7 +222,8 @@ int coroutine_fn qcow2_snapshots_write(Qcow2State *s, const Qcow2Snapshot *sn, u
         off = qcow2_alloc_clusters(s, nclusters);
         r = off < 0 ? (int)off : 0;
         if (r == 0) {
-            r = qk_co_pwrite(s->bs->file, (uint64_t)off, nclusters * s->cluster_size, buf, 0);
+            r = qk_co_pwrite(s->bs->file, (uint64_t)off, nclusters * s->cluster_size, buf,
+                             QK_REQ_KIND(QK_IO_SNAPSHOT));
         }
     }
     free(buf);
