@@ -371,6 +371,10 @@ static int coroutine_fn create_locked(Qcow2State *s, const QkSnapshotInfo *info,
     }
     if (r < 0) {
         qk_error_set_errno(err, r, "Could not update the refcounts");
+        /* No snapshot was taken: the flags go back to what the refcounts
+         * say (best effort; raised refcounts stay as leaks), so a failed
+         * create leaves the active tree as it was. */
+        update_active_tree(s, 0);
         goto out;
     }
     r = qcow2_snapshots_write(s, tab, n, err);
