@@ -8,6 +8,7 @@ pkgs=(
   liburing-dev zlib1g-dev libzstd-dev libjansson-dev
   libnbd-dev libnbd-bin
   qemu-utils fio time iproute2 gnuplot-nox python3 strace
+  clang libclang-rt-14-dev
 )
 
 missing=()
