@@ -338,6 +338,9 @@ int main(void)
     QK_CHECK_EQ(sh("qemu-img check -q a.qcow2"), 0);
     QK_CHECK_EQ(sh("qemu-img compare -q -f qcow2 -F raw a.qcow2 model.raw"), 0);
     free(model);
-    sh("cd / && rm -rf /tmp/qk-async-*");
+    /* Only this run's directory: the other build's run may be going on. */
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "cd / && rm -rf '%s'", dir);
+    sh(cmd);
     QK_TEST_DONE();
 }
