@@ -212,10 +212,20 @@ static int coroutine_fn sync_all(Qcow2State *s)
 static int coroutine_fn update_active_tree(Qcow2State *s, int delta)
 {
     bool changed;
+    int r = 0;
+    if (delta == 0) {
+        /* A COPIED flag set below relies on a refcount the caller just
+         * lowered to 1: that decrease reaches the disk first, or a power
+         * loss could keep the flag on a cluster still counted twice. */
+        r = sync_all(s);
+        if (r < 0) {
+            return r;
+        }
+    }
     /* A walk that fails half way leaves some flags changed in memory. */
     bool was_dirty = s->l1_dirty;
     s->l1_dirty = true;
-    int r = qcow2_walk_l1(s, s->l1, s->l1_size, delta, true, &changed);
+    r = qcow2_walk_l1(s, s->l1, s->l1_size, delta, true, &changed);
     if (r == 0 && (changed || was_dirty)) {
         r = qcow2_rewrite_active_l1(s);
     } else if (r == 0) {
