@@ -260,7 +260,7 @@ static int coroutine_fn file_pwritev(QkBlock *bs, uint64_t off, uint64_t bytes, 
                                      size_t qiov_off, int flags)
 {
     FileState *s = bs->opaque;
-    int r = qk_inject_write(flags);
+    int r = qk_inject_write(bs->filename, flags);
     if (r < 0) {
         return r;
     }
@@ -327,7 +327,7 @@ static int coroutine_fn file_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t b
         }
     }
     /* Counted once: a refusal above comes back as a plain write. */
-    int r = qk_inject_write(flags);
+    int r = qk_inject_write(bs->filename, flags);
     if (r < 0) {
         return r;
     }
@@ -375,7 +375,7 @@ static int coroutine_fn file_flush(QkBlock *bs)
     if (s->no_flush) {
         return 0;
     }
-    int r = qk_inject_flush();
+    int r = qk_inject_flush(bs->filename);
     return r < 0 ? r : file_sync(s, 0);
 }
 

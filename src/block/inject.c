@@ -22,6 +22,9 @@ typedef struct Rule {
     uint64_t nth;
     int err;             /* positive errno */
     Mode mode;
+    char file[256];      /* "": every file; else only paths containing it */
+    uint64_t seen;       /* ops of this rule's kind on its files */
+    bool dead;           /* a "dead" rule fired: its files fail everything */
 } Rule;
 
 static const char *const op_names[QK_INJ__OPS] = {
@@ -48,7 +51,6 @@ static Rule rules[MAX_RULES];
 static int nrules;
 static uint64_t seen[QK_INJ__OPS];
 static uint64_t injected;
-static int dead_err;     /* a "dead" rule fired: everything fails with this */
 
 const char *qk_inject_op_name(int op)
 {
@@ -124,8 +126,15 @@ static int parse_rule(char *text, Rule *r, QkError *err)
             } else {
                 return qk_error_set(err, -EINVAL, "fault injection: mode must be once, sticky or dead");
             }
+        } else if (strcmp(kv, "file") == 0) {
+            if (!*v || strlen(v) >= sizeof(r->file)) {
+                return qk_error_set(err, -EINVAL, "fault injection: file must be 1 to %zu characters",
+                                    sizeof(r->file) - 1);
+            }
+            strcpy(r->file, v);
         } else {
-            return qk_error_set(err, -EINVAL, "fault injection: unknown key '%s' (nth, errno, mode)", kv);
+            return qk_error_set(err, -EINVAL, "fault injection: unknown key '%s' (nth, errno, mode, file)",
+                                kv);
         }
     }
     return 0;
@@ -135,7 +144,6 @@ int qk_inject_configure(const char *spec, QkError *err)
 {
     nrules = 0;
     qk_inject_on = 0;
-    dead_err = 0;
     injected = 0;
     memset(seen, 0, sizeof(seen));
     if (!spec || !*spec) {
@@ -170,28 +178,39 @@ int qk_inject_configure(const char *spec, QkError *err)
     return 0;
 }
 
-/* Counts one operation of each op in ops and returns the error to fail
- * it with, or 0. */
-static int decide(const int *ops, int nops)
+static bool rule_covers(const Rule *r, const char *file)
+{
+    return !r->file[0] || (file && strstr(file, r->file));
+}
+
+/* Counts one operation of each op in ops, made on file, and returns the
+ * error to fail it with, or 0. A rule with a file filter counts only the
+ * operations on its files, so "the 20th write to the target" means that. */
+static int decide(const char *file, const int *ops, int nops)
 {
     for (int i = 0; i < nops; i++) {
         seen[ops[i]]++;
     }
-    int e = dead_err;
-    for (int k = 0; k < nrules && !e; k++) {
-        const Rule *r = &rules[k];
+    int e = 0;
+    for (int k = 0; k < nrules; k++) {
+        Rule *r = &rules[k];
+        if (!rule_covers(r, file)) {
+            continue;
+        }
+        if (r->dead) {
+            e = e ? e : r->err;
+            continue;
+        }
         for (int i = 0; i < nops; i++) {
-            if (r->op != ops[i] || seen[r->op] < r->nth) {
+            if (r->op != ops[i]) {
                 continue;
             }
-            if (r->mode == MODE_ONCE && seen[r->op] != r->nth) {
+            r->seen++;
+            if (e || r->seen < r->nth || (r->mode == MODE_ONCE && r->seen != r->nth)) {
                 continue;
             }
             e = r->err;
-            if (r->mode == MODE_DEAD) {
-                dead_err = e;
-            }
-            break;
+            r->dead = r->mode == MODE_DEAD;
         }
     }
     if (e) {
@@ -200,17 +219,17 @@ static int decide(const int *ops, int nops)
     return -e;
 }
 
-int qk_inject_write_slow(int flags)
+int qk_inject_write_slow(const char *file, int flags)
 {
     int kind = (flags & QK_REQ_KIND_MASK) >> QK_REQ_KIND_SHIFT;
     int ops[2] = {QK_INJ_WRITE, kind < QK_IO__KINDS ? kind : QK_IO_DATA};
-    return decide(ops, 2);
+    return decide(file, ops, 2);
 }
 
-int qk_inject_flush_slow(void)
+int qk_inject_flush_slow(const char *file)
 {
     int ops[1] = {QK_INJ_FLUSH};
-    return decide(ops, 1);
+    return decide(file, ops, 1);
 }
 
 void qk_inject_stats(char *buf, size_t len)

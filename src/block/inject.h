@@ -6,12 +6,14 @@
  * of an L2 table" or "the 2nd flush".
  *
  * Rules (QCOWKIT_INJECT in the tools, or qk_inject_configure): a list
- * separated by ',' of OP[:nth=N][:errno=NAME][:mode=once|sticky|dead]
+ * separated by ',' of OP[:nth=N][:errno=NAME][:mode=once|sticky|dead][:file=S]
  *   OP     write (any), data, header, l1, l2, reftable, refblock, snapshot, flush
  *   nth    the first operation to fail, counted from 1 per OP (default 1)
  *   errno  EIO (default), ENOSPC, EDQUOT, EROFS, EPERM or a number
  *   mode   once: only the nth fails (default); sticky: the nth and every
  *          later OP; dead: from the nth OP on, every write and flush fails
+ *   file   only files whose path contains S (nth counts their OPs alone;
+ *          a dead rule fails only them): the target of a mirror, say
  * "count" alone arms nothing and only counts.
  *
  * Owns: the rule set, per-kind operation counters, the decision to fail.
@@ -59,15 +61,15 @@ void qk_inject_stats(char *buf, size_t len);
 /* Called by protocol drivers before a write (flags of the request) or a
  * flush: 0, or the -errno the request must fail with. */
 extern int qk_inject_on;
-int qk_inject_write_slow(int flags);
-int qk_inject_flush_slow(void);
-static inline int qk_inject_write(int flags)
+int qk_inject_write_slow(const char *file, int flags);
+int qk_inject_flush_slow(const char *file);
+static inline int qk_inject_write(const char *file, int flags)
 {
-    return qk_inject_on ? qk_inject_write_slow(flags) : 0;
+    return qk_inject_on ? qk_inject_write_slow(file, flags) : 0;
 }
-static inline int qk_inject_flush(void)
+static inline int qk_inject_flush(const char *file)
 {
-    return qk_inject_on ? qk_inject_flush_slow() : 0;
+    return qk_inject_on ? qk_inject_flush_slow(file) : 0;
 }
 
 #endif

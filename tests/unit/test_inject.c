@@ -11,7 +11,7 @@
 
 static int w(QkIoKind k)
 {
-    return qk_inject_write(QK_REQ_KIND(k));
+    return qk_inject_write("/scratch/src.qcow2", QK_REQ_KIND(k));
 }
 
 static void rules(void)
@@ -34,7 +34,7 @@ static void rules(void)
     QK_CHECK_EQ(w(QK_IO_DATA), 0);
     QK_CHECK_EQ(w(QK_IO_L2), -ENOSPC);
     QK_CHECK_EQ(w(QK_IO_L2), 0);
-    QK_CHECK_EQ(qk_inject_flush(), 0);
+    QK_CHECK_EQ(qk_inject_flush(NULL), 0);
     QK_CHECK_EQ(qk_inject_seen(QK_INJ_WRITE), 4);
     QK_CHECK_EQ(qk_inject_seen(QK_IO_L2), 3);
     QK_CHECK_EQ(qk_inject_seen(QK_INJ_FLUSH), 1);
@@ -49,15 +49,32 @@ static void rules(void)
     QK_CHECK_EQ(w(QK_IO_HEADER), 0);
     QK_CHECK_EQ(w(QK_IO_REFBLOCK), -EIO);
     QK_CHECK_EQ(w(QK_IO_DATA), -EIO);
-    QK_CHECK_EQ(qk_inject_flush(), 0);
+    QK_CHECK_EQ(qk_inject_flush(NULL), 0);
 
     /* dead: from the 1st flush on, writes fail as well; two rules. */
     QK_CHECK_EQ(qk_inject_configure("snapshot:nth=5,flush:mode=dead:errno=EROFS", NULL), 0);
     QK_CHECK_EQ(w(QK_IO_DATA), 0);
-    QK_CHECK_EQ(qk_inject_flush(), -EROFS);
+    QK_CHECK_EQ(qk_inject_flush(NULL), -EROFS);
     QK_CHECK_EQ(w(QK_IO_DATA), -EROFS);
-    QK_CHECK_EQ(qk_inject_flush(), -EROFS);
+    QK_CHECK_EQ(qk_inject_flush(NULL), -EROFS);
     QK_CHECK_EQ(qk_inject_injected(), 3);
+
+    /* file: only writes to the matching path count and fail; dead stays
+     * with that file. */
+    qk_error_clear(&err);
+    QK_CHECK(qk_inject_configure("write:file=", &err) == -EINVAL && strstr(err.msg, "file must be"));
+    qk_error_clear(&err);
+    QK_CHECK_EQ(qk_inject_configure("write:nth=2:mode=dead:file=dst.qcow2", NULL), 0);
+    QK_CHECK_EQ(w(QK_IO_DATA), 0);
+    QK_CHECK_EQ(qk_inject_write("/scratch/dst.qcow2", 0), 0);
+    QK_CHECK_EQ(w(QK_IO_DATA), 0);
+    QK_CHECK_EQ(qk_inject_write("/scratch/dst.qcow2", QK_REQ_KIND(QK_IO_L2)), -EIO);
+    QK_CHECK_EQ(qk_inject_flush("/scratch/dst.qcow2"), -EIO);
+    QK_CHECK_EQ(w(QK_IO_REFBLOCK), 0);
+    QK_CHECK_EQ(qk_inject_flush("/scratch/src.qcow2"), 0);
+    QK_CHECK_EQ(qk_inject_flush(NULL), 0);
+    QK_CHECK_EQ(qk_inject_seen(QK_INJ_WRITE), 5);
+    QK_CHECK_EQ(qk_inject_injected(), 2);
 
     QK_CHECK_EQ(qk_inject_configure("count", NULL), 0);
     QK_CHECK_EQ(qk_inject_on, 1);
