@@ -94,7 +94,7 @@ def main():
                         # An odd number of blocks: prime to the image's power-of-two
                         # block count, so the requests visit every block; under 2 GiB.
                         w["step"] = size * ((165900288 // size) | 1)
-                    systems = ("qcowkit", "qemu-img native", "qemu-img io_uring", "fio")
+                    systems = ("qcowkit", "qemu-img native", "qemu-img io_uring", "fio", "qcowkit raw")
                     iops = {s: [] for s in systems}
                     view = {s: [] for s in systems}
                     for r in range(a.runs):
@@ -103,6 +103,9 @@ def main():
                             before = dev_stat(dev)
                             if s == "qcowkit":
                                 t, _ = suite.run_qcowkit(w, qimg, [])
+                            elif s == "qcowkit raw":
+                                out, _ = suite.timed([suite.QCOWKIT, "bench", "-f", "raw"] + suite.bench_args(w) + [raw])
+                                t = suite.bench_seconds(out)
                             elif s == "fio":
                                 t, _ = suite.run_fio(w, raw)
                             else:
@@ -126,15 +129,16 @@ def main():
     lines = ["Steady-state cache=none matrix, %s; %d cores, device %s, kernel %s; %d runs each, medians."
              % (stamp, os.cpu_count(), dev, os.uname().release, a.runs), "",
              "| workload | qcowkit IOPS | qemu-img best IOPS | fio IOPS | qcowkit / qemu-img | qcowkit / fio "
-             "| device depth q/Q/f | device ms per request q/Q/f |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| qcowkit raw / fio | device depth q/Q/f | device ms per request q/Q/f |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         q = med(r["iops"]["qcowkit"])
         best = max(("qemu-img native", "qemu-img io_uring"), key=lambda s: med(r["iops"][s]))
         qb, fi = med(r["iops"][best]), med(r["iops"]["fio"])
         dv = lambda s, k: med([x[k] for x in r["device"][s]])  # noqa: E731
-        lines.append("| %s | %.0f | %.0f (%s) | %.0f | %.2f | %.2f | %.1f / %.1f / %.1f | %.3f / %.3f / %.3f |" % (
-            r["workload"], q, qb, best.split()[1], fi, q / qb if qb else 0, q / fi if fi else 0,
+        qr = med(r["iops"]["qcowkit raw"])
+        lines.append("| %s | %.0f | %.0f (%s) | %.0f | %.2f | %.2f | %.2f | %.1f / %.1f / %.1f | %.3f / %.3f / %.3f |" % (
+            r["workload"], q, qb, best.split()[1], fi, q / qb if qb else 0, q / fi if fi else 0, qr / fi if fi else 0,
             dv("qcowkit", "depth"), dv(best, "depth"), dv("fio", "depth"),
             dv("qcowkit", "ms_per_io"), dv(best, "ms_per_io"), dv("fio", "ms_per_io")))
     table = "\n".join(lines)
