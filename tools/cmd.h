@@ -49,7 +49,6 @@ QkBlock *qk_tool_open(const char *filename, const char *fmt, int flags, QkError 
 void qk_tool_print_format_specific(const QkImageInfo *info);
 /* A backing file name as recorded in `image`, made usable from the current
  * directory (relative names are relative to the image). Caller frees. */
-char *qk_tool_backing_path(const char *image, const char *backing);
 /* The snapshot table as qemu-img prints it (tools/snapshot_list.c):
  * "Snapshot list:" and the table (nothing when n is 0), or the JSON array. */
 void qk_tool_print_snapshots(const QkSnapshotInfo *l, int n);

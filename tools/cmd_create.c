@@ -280,7 +280,7 @@ static int validate(CreateArgs *a)
  * check it and to learn its size. */
 static int probe_backing(CreateArgs *a, uint64_t *size)
 {
-    char *path = qk_tool_backing_path(a->filename, a->o.backing_file);
+    char *path = qk_block_backing_path(a->filename, a->o.backing_file);
     QkError err = {0};
     QkBlock *bs = qk_tool_open(path ? path : a->o.backing_file, a->o.backing_fmt, QK_OPEN_FORCE_SHARE, &err);
     free(path);

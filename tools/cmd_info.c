@@ -211,7 +211,7 @@ static int run(int argc, char **argv)
             ret = 1;
             break;
         }
-        char *full = info.backing_file ? qk_tool_backing_path(name, info.backing_file) : NULL;
+        char *full = info.backing_file ? qk_block_backing_path(name, info.backing_file) : NULL;
         if (json) {
             json_array_append_new(list, to_json(name, &info, full, &sl));
         } else {

@@ -93,15 +93,3 @@ void qk_tool_print_format_specific(const QkImageInfo *info)
     }
 }
 
-char *qk_tool_backing_path(const char *image, const char *backing)
-{
-    const char *slash = strrchr(image, '/');
-    char *p = NULL;
-    if (backing[0] == '/' || strstr(backing, "://") || !slash) {
-        return strdup(backing);
-    }
-    if (asprintf(&p, "%.*s%s", (int)(slash - image) + 1, image, backing) < 0) {
-        return NULL;
-    }
-    return p;
-}

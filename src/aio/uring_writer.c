@@ -27,6 +27,11 @@
 #include <time.h>
 #include <unistd.h>
 
+/* A full completion queue: wait this long before posting the results again. */
+#define MSG_RETRY_NS (100 * 1000)
+/* The writer thread only copies and calls pwritev: a small stack will do. */
+#define WRITER_STACK (64 * 1024)
+
 /* Most finished writes per wake-up of the loop. */
 #define NOTIFY_EVERY 16
 /* Buffers in one merged write. */
@@ -102,7 +107,7 @@ static void notify(QkUringWriter *w)
         if (r >= 1 && !message_failed(w)) {
             return;
         }
-        struct timespec ts = {0, 100 * 1000};
+        struct timespec ts = {0, MSG_RETRY_NS};
         nanosleep(&ts, NULL);
     }
 }
@@ -249,7 +254,7 @@ QkUringWriter *qk_uring_writer_new(int target_ring_fd, int *errno_out)
     pthread_cond_init(&w->cond, NULL);
     pthread_attr_t attr;
     pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 64 * 1024);
+    pthread_attr_setstacksize(&attr, WRITER_STACK);
     r = pthread_create(&w->thread, &attr, writer_main, w);
     pthread_attr_destroy(&attr);
     if (r != 0) {

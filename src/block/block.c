@@ -26,6 +26,19 @@ static const QkBlockDriver *const drivers[] = {
     &qk_drv_nbd,
 };
 
+/* Here, not in the NBD driver: builds without it still recognise the
+ * names (and say they cannot open them). */
+bool qk_block_is_nbd_uri(const char *filename)
+{
+    static const char *const prefixes[] = {"nbd://", "nbd+unix://", "nbds://", "nbds+unix://"};
+    for (size_t i = 0; i < QK_ARRAY_SIZE(prefixes); i++) {
+        if (strncmp(filename, prefixes[i], strlen(prefixes[i])) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
 const QkBlockDriver *qk_block_find_driver(const char *format)
 {
     for (size_t i = 0; i < QK_ARRAY_SIZE(drivers); i++) {
@@ -150,8 +163,7 @@ static const QkBlockDriver *probe(QkBlock *file)
     return best;
 }
 
-/* Resolves a backing file name relative to the image that names it. */
-static char *backing_path(const char *image, const char *backing)
+char *qk_block_backing_path(const char *image, const char *backing)
 {
     if (backing[0] == '/' || strstr(backing, "://") || strncmp(backing, "nbd:", 4) == 0) {
         return strdup(backing);
@@ -246,7 +258,7 @@ static QkBlock *coroutine_fn open_depth(const char *filename, const QkOpenOption
         return NULL;
     }
     if (bs->backing_file && !(opts->flags & QK_OPEN_NO_BACKING)) {
-        char *path = backing_path(filename, bs->backing_file);
+        char *path = qk_block_backing_path(filename, bs->backing_file);
         QkOpenOptions bo = *opts;
         /* Backing files are read-only and never written through. */
         bo.flags &= ~QK_OPEN_RDWR;

@@ -217,6 +217,13 @@ extern const QkBlockDriver qk_drv_nbd;
 /* True for nbd://, nbd+unix://, nbds:// and nbds+unix:// names: these open
  * through the nbd protocol driver instead of as host files. */
 bool qk_block_is_nbd_uri(const char *filename);
+/* The path to open for the backing file name an image records: as it is
+ * when absolute, a URL (nbd://, nbd+unix://, ...) or QEMU's legacy
+ * "nbd:" form, or when the image's own name has no directory; else
+ * relative to the image's directory, as QEMU resolves it. Every caller
+ * (opening a chain, create's size check, info's "actual path") uses this
+ * one. NULL when out of memory; free() the result. */
+char *qk_block_backing_path(const char *image, const char *backing);
 
 /* Opening and closing. qk_co_* variants run in a coroutine; the plain
  * variants run the loop until done and may be called from plain code. */

@@ -228,7 +228,7 @@ static int coroutine_fn file_preadv(QkBlock *bs, uint64_t off, uint64_t bytes, Q
 
 static bool conflicts(const Tracked *a, const Tracked *b)
 {
-    return (a->rmw || b->rmw) && a->start < b->end && b->start < a->end;
+    return (a->rmw || b->rmw) && qk_ranges_overlap(a->start, a->end - a->start, b->start, b->end - b->start);
 }
 
 static void coroutine_fn track_begin(FileState *s, Tracked *t)

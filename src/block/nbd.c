@@ -47,17 +47,6 @@ typedef struct NbdReq {
     uint32_t ext_len, ext_flags;
 } NbdReq;
 
-bool qk_block_is_nbd_uri(const char *filename)
-{
-    static const char *const prefixes[] = {"nbd://", "nbd+unix://", "nbds://", "nbds+unix://"};
-    for (size_t i = 0; i < QK_ARRAY_SIZE(prefixes); i++) {
-        if (strncmp(filename, prefixes[i], strlen(prefixes[i])) == 0) {
-            return true;
-        }
-    }
-    return false;
-}
-
 static int libnbd_errno(void)
 {
     int e = nbd_get_errno();

@@ -27,6 +27,10 @@ static const QkControlTable *const tables[] = {
 };
 
 #define MAX_LINE (1u << 20)
+/* accept() failing for a reason other than "none pending" (out of file
+ * descriptors, say): try again after this long rather than spin. */
+#define ACCEPT_RETRY_NS (100 * 1000 * 1000)
+#define LISTEN_BACKLOG 16
 
 typedef struct Conn {
     QkControl *ctl;
@@ -278,7 +282,7 @@ static void coroutine_fn accept_entry(void *opaque)
                     break;
                 }
             } else if (errno != EINTR && errno != ECONNABORTED) {
-                qk_co_sleep_ns(100 * 1000 * 1000);
+                qk_co_sleep_ns(ACCEPT_RETRY_NS);
             }
             continue;
         }
@@ -312,7 +316,7 @@ QkControl *qk_control_listen(QkDaemon *d, const char *path, QkError *err)
         return NULL;
     }
     unlink(path);
-    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 16) < 0) {
+    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, LISTEN_BACKLOG) < 0) {
         qk_error_set_errno(err, -errno, "Could not listen on '%s'", path);
         close(fd);
         return NULL;

@@ -26,6 +26,14 @@
 
 #define DEFAULT_BUF_SIZE (16ULL << 20)
 #define DEFAULT_IN_FLIGHT 16
+/* Granularity: the target's cluster size clamped to [GRAN_DEFAULT_MIN,
+ * GRAN_DEFAULT] by default; what a user may ask for (QEMU's range). */
+#define GRAN_DEFAULT 65536u
+#define GRAN_DEFAULT_MIN 4096u
+#define GRAN_MIN 512u
+#define GRAN_MAX (64ULL << 20)
+/* How often the switch looks whether writes held by the quiesce are done. */
+#define HELD_WRITES_POLL_NS 1000000
 #define MAX_ZERO_OP (256ULL << 20)
 #define MAX_ZERO_REQ (32ULL << 20)
 #define IDLE_SLEEP_NS 2000000LL
@@ -552,7 +560,7 @@ static int coroutine_fn final_copy(Mirror *m)
 static void coroutine_fn forward_held_writes(Mirror *m)
 {
     do {
-        qk_co_sleep_ns(1000000);
+        qk_co_sleep_ns(HELD_WRITES_POLL_NS);
         qk_co_drain(m->src);
     } while (m->src->in_flight > 0);
 }
@@ -710,10 +718,10 @@ static uint64_t default_granularity(QkBlock *target)
 {
     QkImageInfo info;
     qk_block_get_info(target, &info);
-    uint64_t g = info.cluster_size ? info.cluster_size : 65536;
-    g = QK_MAX(g, 4096);
-    g = QK_MIN(g, 65536);
-    return qk_is_pow2(g) ? g : 65536;
+    uint64_t g = info.cluster_size ? info.cluster_size : GRAN_DEFAULT;
+    g = QK_MAX(g, GRAN_DEFAULT_MIN);
+    g = QK_MIN(g, GRAN_DEFAULT);
+    return qk_is_pow2(g) ? g : GRAN_DEFAULT;
 }
 
 QkBlock *coroutine_fn qk_mirror_open_target(const char *target, const QkOpenOptions *opts, const char *cache,
@@ -773,7 +781,7 @@ QkJob *qk_mirror_start(const char *id, QkBlock *source, QkBlock *target,
     if (!o.granularity) {
         o.granularity = default_granularity(target);
     }
-    if (o.granularity < 512 || o.granularity > (64ULL << 20) || !qk_is_pow2(o.granularity)) {
+    if (o.granularity < GRAN_MIN || o.granularity > GRAN_MAX || !qk_is_pow2(o.granularity)) {
         qk_error_set(err, -EINVAL, "Granularity must be a power of two between 512 and 64 MiB");
         return NULL;
     }

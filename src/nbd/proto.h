@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "util/byteorder.h"
+
 #define NBD_MAGIC              0x4e42444d41474943ULL /* "NBDMAGIC" */
 #define NBD_OPTS_MAGIC         0x49484156454F5054ULL /* "IHAVEOPT" */
 #define NBD_REP_MAGIC          0x0003e889045565a9ULL
@@ -116,26 +118,6 @@
 /* Option payloads beyond this are hostile: strings are at most 4 KiB. */
 #define QK_NBD_MAX_OPTION  (64u << 10)
 #define QK_NBD_META_BASE_ALLOCATION "base:allocation"
-
-static inline void qk_be16_put(uint8_t *p, uint16_t v) { p[0] = v >> 8; p[1] = (uint8_t)v; }
-static inline void qk_be32_put(uint8_t *p, uint32_t v)
-{
-    p[0] = v >> 24; p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
-}
-static inline void qk_be64_put(uint8_t *p, uint64_t v)
-{
-    qk_be32_put(p, (uint32_t)(v >> 32));
-    qk_be32_put(p + 4, (uint32_t)v);
-}
-static inline uint16_t qk_be16_get(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
-static inline uint32_t qk_be32_get(const uint8_t *p)
-{
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
-static inline uint64_t qk_be64_get(const uint8_t *p)
-{
-    return ((uint64_t)qk_be32_get(p) << 32) | qk_be32_get(p + 4);
-}
 
 /* A parsed transmission request. */
 typedef struct QkNbdRequest {

@@ -228,10 +228,10 @@ static int coroutine_fn check_snapshots(Check *k)
             k->res->check_errors++;
             return 0;
         }
-        uint64_t l1_off = qcow2_ld64(fixed);
-        uint32_t l1_size = qcow2_ld32(fixed + 8);
-        uint16_t id_len = qcow2_ld16(fixed + 12), name_len = qcow2_ld16(fixed + 14);
-        uint32_t extra = qcow2_ld32(fixed + 36);
+        uint64_t l1_off = qk_be64_get(fixed);
+        uint32_t l1_size = qk_be32_get(fixed + 8);
+        uint16_t id_len = qk_be16_get(fixed + 12), name_len = qk_be16_get(fixed + 14);
+        uint32_t extra = qk_be32_get(fixed + 36);
         pos += qk_align_up(40ULL + extra + id_len + name_len, 8);
         if ((uint64_t)l1_size * 8 > QCOW2_MAX_L1_BYTES || !ck_table_ok(k, l1_off, (uint64_t)l1_size * 8)) {
             ck_say(k, "ERROR snapshot %u has an invalid L1 table (offset 0x%llx, %u entries)", i,
@@ -271,8 +271,8 @@ static int coroutine_fn check_bitmaps(Check *k)
         if (e->type != QCOW2_EXT_BITMAPS || e->len < 24) {
             continue;
         }
-        uint32_t nb = qcow2_ld32(e->data);
-        uint64_t dsize = qcow2_ld64(e->data + 8), doff = qcow2_ld64(e->data + 16);
+        uint32_t nb = qk_be32_get(e->data);
+        uint64_t dsize = qk_be64_get(e->data + 8), doff = qk_be64_get(e->data + 16);
         if (dsize > (64ULL << 20) || !ck_table_ok(k, doff, dsize)) {
             ck_say(k, "ERROR bitmap directory is invalid");
             k->res->corruptions++;
@@ -287,10 +287,10 @@ static int coroutine_fn check_bitmaps(Check *k)
         }
         uint64_t p = 0;
         for (uint32_t i = 0; i < nb && p + 24 <= dsize; i++) {
-            uint64_t toff = qcow2_ld64(dir + p);
-            uint32_t tsize = qcow2_ld32(dir + p + 8);
-            uint16_t name = qcow2_ld16(dir + p + 18);
-            uint32_t extra = qcow2_ld32(dir + p + 20);
+            uint64_t toff = qk_be64_get(dir + p);
+            uint32_t tsize = qk_be32_get(dir + p + 8);
+            uint16_t name = qk_be16_get(dir + p + 18);
+            uint32_t extra = qk_be32_get(dir + p + 20);
             p += qk_align_up(24ULL + extra + name, 8);
             if (!ck_table_ok(k, toff, (uint64_t)tsize * 8)) {
                 ck_say(k, "ERROR bitmap table of bitmap %u is invalid", i);

@@ -107,20 +107,13 @@ static int validate(const QkCreateOptions *o, int version, uint32_t cs, uint32_t
 /* Size of the backing image (and a check that it opens). */
 static int coroutine_fn backing_size(const char *filename, const QkCreateOptions *o, uint64_t *size, QkError *err)
 {
-    char *path = NULL;
-    if (o->backing_file[0] != '/' && strchr(filename, '/')) {
-        const char *slash = strrchr(filename, '/');
-        size_t dl = (size_t)(slash - filename) + 1;
-        path = malloc(dl + strlen(o->backing_file) + 1);
-        if (!path) {
-            return qk_error_set(err, -ENOMEM, "out of memory");
-        }
-        memcpy(path, filename, dl);
-        strcpy(path + dl, o->backing_file);
+    char *path = qk_block_backing_path(filename, o->backing_file);
+    if (!path) {
+        return qk_error_set(err, -ENOMEM, "out of memory");
     }
     QkOpenOptions bo = {.flags = QK_OPEN_NO_BACKING, .format = o->backing_fmt};
     QkError berr = {0};
-    QkBlock *b = qk_co_block_open(path ? path : o->backing_file, &bo, &berr);
+    QkBlock *b = qk_co_block_open(path, &bo, &berr);
     free(path);
     if (!b) {
         return qk_error_set(err, berr.code, "Could not open backing file: %s", berr.msg);
@@ -186,7 +179,7 @@ int coroutine_fn qcow2_co_create(const char *filename, const QkCreateOptions *o,
         return r;
     }
     /* Refcount table entry 0 -> the block in cluster 2, which counts clusters 0..2. */
-    qcow2_st64(buf + cs, 2ULL * cs);
+    qk_be64_put(buf + cs, 2ULL * cs);
     Qcow2State tmp = {.refcount_order = h.refcount_order};
     for (int i = 0; i < 3; i++) {
         qcow2_rb_set(&tmp, buf + 2 * cs, (uint64_t)i, 1);

@@ -27,24 +27,24 @@ static const struct {
 void qcow2_header_to_be(const Qcow2Header *h, uint8_t *b)
 {
     memset(b, 0, QCOW2_HEADER_WRITE_LEN);
-    qcow2_st32(b + 0, h->magic);
-    qcow2_st32(b + 4, h->version);
-    qcow2_st64(b + 8, h->backing_file_offset);
-    qcow2_st32(b + 16, h->backing_file_size);
-    qcow2_st32(b + 20, h->cluster_bits);
-    qcow2_st64(b + 24, h->size);
-    qcow2_st32(b + 32, h->crypt_method);
-    qcow2_st32(b + 36, h->l1_size);
-    qcow2_st64(b + 40, h->l1_table_offset);
-    qcow2_st64(b + 48, h->refcount_table_offset);
-    qcow2_st32(b + 56, h->refcount_table_clusters);
-    qcow2_st32(b + 60, h->nb_snapshots);
-    qcow2_st64(b + 64, h->snapshots_offset);
-    qcow2_st64(b + 72, h->incompatible_features);
-    qcow2_st64(b + 80, h->compatible_features);
-    qcow2_st64(b + 88, h->autoclear_features);
-    qcow2_st32(b + 96, h->refcount_order);
-    qcow2_st32(b + 100, h->header_length);
+    qk_be32_put(b + 0, h->magic);
+    qk_be32_put(b + 4, h->version);
+    qk_be64_put(b + 8, h->backing_file_offset);
+    qk_be32_put(b + 16, h->backing_file_size);
+    qk_be32_put(b + 20, h->cluster_bits);
+    qk_be64_put(b + 24, h->size);
+    qk_be32_put(b + 32, h->crypt_method);
+    qk_be32_put(b + 36, h->l1_size);
+    qk_be64_put(b + 40, h->l1_table_offset);
+    qk_be64_put(b + 48, h->refcount_table_offset);
+    qk_be32_put(b + 56, h->refcount_table_clusters);
+    qk_be32_put(b + 60, h->nb_snapshots);
+    qk_be64_put(b + 64, h->snapshots_offset);
+    qk_be64_put(b + 72, h->incompatible_features);
+    qk_be64_put(b + 80, h->compatible_features);
+    qk_be64_put(b + 88, h->autoclear_features);
+    qk_be32_put(b + 96, h->refcount_order);
+    qk_be32_put(b + 100, h->header_length);
     b[104] = h->compression_type;
 }
 
@@ -67,25 +67,25 @@ int coroutine_fn qcow2_read_header(QkBlock *file, Qcow2Header *h, uint8_t **clus
         return qk_error_set_errno(err, r, "Could not read qcow2 header");
     }
     memset(h, 0, sizeof(*h));
-    h->magic = qcow2_ld32(b);
-    h->version = qcow2_ld32(b + 4);
+    h->magic = qk_be32_get(b);
+    h->version = qk_be32_get(b + 4);
     if (h->magic != QCOW2_MAGIC) {
         return qk_error_set(err, -EINVAL, "Image is not in qcow2 format");
     }
     if (h->version < 2 || h->version > 3) {
         return qk_error_set(err, -ENOTSUP, "Unsupported qcow2 version %u", h->version);
     }
-    h->backing_file_offset = qcow2_ld64(b + 8);
-    h->backing_file_size = qcow2_ld32(b + 16);
-    h->cluster_bits = qcow2_ld32(b + 20);
-    h->size = qcow2_ld64(b + 24);
-    h->crypt_method = qcow2_ld32(b + 32);
-    h->l1_size = qcow2_ld32(b + 36);
-    h->l1_table_offset = qcow2_ld64(b + 40);
-    h->refcount_table_offset = qcow2_ld64(b + 48);
-    h->refcount_table_clusters = qcow2_ld32(b + 56);
-    h->nb_snapshots = qcow2_ld32(b + 60);
-    h->snapshots_offset = qcow2_ld64(b + 64);
+    h->backing_file_offset = qk_be64_get(b + 8);
+    h->backing_file_size = qk_be32_get(b + 16);
+    h->cluster_bits = qk_be32_get(b + 20);
+    h->size = qk_be64_get(b + 24);
+    h->crypt_method = qk_be32_get(b + 32);
+    h->l1_size = qk_be32_get(b + 36);
+    h->l1_table_offset = qk_be64_get(b + 40);
+    h->refcount_table_offset = qk_be64_get(b + 48);
+    h->refcount_table_clusters = qk_be32_get(b + 56);
+    h->nb_snapshots = qk_be32_get(b + 60);
+    h->snapshots_offset = qk_be64_get(b + 64);
     if (h->version == 2) {
         h->refcount_order = 4;
         h->header_length = QCOW2_HEADER_V2_LEN;
@@ -93,11 +93,11 @@ int coroutine_fn qcow2_read_header(QkBlock *file, Qcow2Header *h, uint8_t **clus
         if ((uint64_t)len < QCOW2_HEADER_V3_LEN) {
             return qk_error_corrupt(err, "header is truncated (file is %lld bytes)", (long long)len);
         }
-        h->incompatible_features = qcow2_ld64(b + 72);
-        h->compatible_features = qcow2_ld64(b + 80);
-        h->autoclear_features = qcow2_ld64(b + 88);
-        h->refcount_order = qcow2_ld32(b + 96);
-        h->header_length = qcow2_ld32(b + 100);
+        h->incompatible_features = qk_be64_get(b + 72);
+        h->compatible_features = qk_be64_get(b + 80);
+        h->autoclear_features = qk_be64_get(b + 88);
+        h->refcount_order = qk_be32_get(b + 96);
+        h->header_length = qk_be32_get(b + 100);
         if (h->header_length < QCOW2_HEADER_V3_LEN) {
             return qk_error_corrupt(err, "header_length %u is too small", h->header_length);
         }
@@ -301,8 +301,8 @@ int qcow2_parse_extensions(Qcow2State *s, const uint8_t *c0, char **backing_fmt,
     unsigned count = 0;
     *backing_fmt = NULL;
     while (pos + 8 <= end) {
-        uint32_t type = qcow2_ld32(c0 + pos);
-        uint32_t len = qcow2_ld32(c0 + pos + 4);
+        uint32_t type = qk_be32_get(c0 + pos);
+        uint32_t len = qk_be32_get(c0 + pos + 4);
         pos += 8;
         if (type == QCOW2_EXT_END) {
             break;
@@ -386,8 +386,8 @@ static int put_ext(uint8_t *buf, size_t buflen, size_t *pos, uint32_t type, cons
     if (*pos + need > buflen) {
         return -1;
     }
-    qcow2_st32(buf + *pos, type);
-    qcow2_st32(buf + *pos + 4, len);
+    qk_be32_put(buf + *pos, type);
+    qk_be32_put(buf + *pos + 4, len);
     memset(buf + *pos + 8, 0, qk_align_up(len, 8));
     if (len) {
         memcpy(buf + *pos + 8, data, len);

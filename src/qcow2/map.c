@@ -20,21 +20,21 @@ uint64_t qcow2_l2_get(const Qcow2State *s, const void *table, uint64_t i, uint64
 {
     const uint8_t *t = table;
     if (s->extended_l2) {
-        *bitmap = qcow2_ld64(t + 16 * i + 8);
-        return qcow2_ld64(t + 16 * i);
+        *bitmap = qk_be64_get(t + 16 * i + 8);
+        return qk_be64_get(t + 16 * i);
     }
     *bitmap = 0;
-    return qcow2_ld64(t + 8 * i);
+    return qk_be64_get(t + 8 * i);
 }
 
 void qcow2_l2_set(const Qcow2State *s, void *table, uint64_t i, uint64_t e, uint64_t bitmap)
 {
     uint8_t *t = table;
     if (s->extended_l2) {
-        qcow2_st64(t + 16 * i, e);
-        qcow2_st64(t + 16 * i + 8, bitmap);
+        qk_be64_put(t + 16 * i, e);
+        qk_be64_put(t + 16 * i + 8, bitmap);
     } else {
-        qcow2_st64(t + 8 * i, e);
+        qk_be64_put(t + 8 * i, e);
     }
 }
 
@@ -154,7 +154,7 @@ int coroutine_fn qcow2_get_extent(Qcow2State *s, uint64_t off, uint64_t max_byte
 int coroutine_fn qcow2_write_l1_entry(Qcow2State *s, uint64_t i)
 {
     uint8_t b[8];
-    qcow2_st64(b, s->l1[i]);
+    qk_be64_put(b, s->l1[i]);
     return qk_co_pwrite(s->bs->file, s->l1_offset + i * 8, 8, b, QK_REQ_KIND(QK_IO_L1));
 }
 
@@ -239,7 +239,7 @@ int coroutine_fn qcow2_grow_l1(Qcow2State *s, uint64_t min_size, QkError *err)
         memcpy(nl1, s->l1, (size_t)s->l1_size * 8);
     }
     for (uint64_t i = 0; i < new_size; i++) {
-        qcow2_st64(&be[i], nl1[i]);
+        qk_be64_put(&be[i], nl1[i]);
     }
     int64_t off = qcow2_alloc_clusters(s, nclusters);
     int r = off < 0 ? (int)off : 0;

@@ -16,7 +16,7 @@
 
 static int qcow2_probe(const uint8_t *buf, size_t len)
 {
-    return len >= 8 && memcmp(buf, "QFI\xfb", 4) == 0 && qcow2_ld32(buf + 4) >= 2 ? 100 : 0;
+    return len >= 8 && memcmp(buf, "QFI\xfb", 4) == 0 && qk_be32_get(buf + 4) >= 2 ? 100 : 0;
 }
 
 bool qk_block_is_qcow2(const QkBlock *bs)

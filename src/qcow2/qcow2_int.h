@@ -14,6 +14,7 @@
 #include "block/block.h"
 #include "block/inject.h"
 #include "qcow2/qcow2.h"
+#include "util/byteorder.h"
 #include "util/checked.h"
 #include "util/error.h"
 
@@ -318,11 +319,5 @@ int coroutine_fn qcow2_preallocate(Qcow2State *s, uint64_t from, uint64_t to, Qk
 int coroutine_fn qcow2_flush_caches(Qcow2State *s);
 
 /* Big-endian helpers. */
-static inline uint64_t qcow2_ld64(const void *p) { uint64_t v; __builtin_memcpy(&v, p, 8); return be64toh(v); }
-static inline uint32_t qcow2_ld32(const void *p) { uint32_t v; __builtin_memcpy(&v, p, 4); return be32toh(v); }
-static inline uint16_t qcow2_ld16(const void *p) { uint16_t v; __builtin_memcpy(&v, p, 2); return be16toh(v); }
-static inline void qcow2_st64(void *p, uint64_t v) { v = htobe64(v); __builtin_memcpy(p, &v, 8); }
-static inline void qcow2_st32(void *p, uint32_t v) { v = htobe32(v); __builtin_memcpy(p, &v, 4); }
-static inline void qcow2_st16(void *p, uint16_t v) { v = htobe16(v); __builtin_memcpy(p, &v, 2); }
 
 #endif

@@ -10,6 +10,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Growing the file ahead of allocation: an eighth of its size at a time,
+ * between GROW_STEP_MIN and GROW_STEP_MAX (less when the new space must be
+ * written with zeros), ending on a GROW_ALIGN (or cluster) boundary. */
+#define GROW_STEP_MIN (1ULL << 20)
+#define GROW_STEP_MAX (64ULL << 20)
+#define GROW_STEP_MAX_ZEROED (8ULL << 20)
+#define GROW_ALIGN 65536u
+
 uint64_t qcow2_rb_get(const Qcow2State *s, const void *block, uint64_t i)
 {
     const uint8_t *b = block;
@@ -18,9 +26,9 @@ uint64_t qcow2_rb_get(const Qcow2State *s, const void *block, uint64_t i)
     case 1: return (b[i / 4] >> (2 * (i % 4))) & 3;
     case 2: return (b[i / 2] >> (4 * (i % 2))) & 15;
     case 3: return b[i];
-    case 4: return qcow2_ld16(b + 2 * i);
-    case 5: return qcow2_ld32(b + 4 * i);
-    default: return qcow2_ld64(b + 8 * i);
+    case 4: return qk_be16_get(b + 2 * i);
+    case 5: return qk_be32_get(b + 4 * i);
+    default: return qk_be64_get(b + 8 * i);
     }
 }
 
@@ -33,9 +41,9 @@ void qcow2_rb_set(const Qcow2State *s, void *block, uint64_t i, uint64_t v)
     case 1: shift = 2 * (i % 4); mask = 3; b += i / 4; break;
     case 2: shift = 4 * (i % 2); mask = 15; b += i / 2; break;
     case 3: b[i] = (uint8_t)v; return;
-    case 4: qcow2_st16(b + 2 * i, (uint16_t)v); return;
-    case 5: qcow2_st32(b + 4 * i, (uint32_t)v); return;
-    default: qcow2_st64(b + 8 * i, v); return;
+    case 4: qk_be16_put(b + 2 * i, (uint16_t)v); return;
+    case 5: qk_be32_put(b + 4 * i, (uint32_t)v); return;
+    default: qk_be64_put(b + 8 * i, v); return;
     }
     *b = (uint8_t)((*b & ~(mask << shift)) | ((v & mask) << shift));
 }
@@ -78,7 +86,7 @@ static int coroutine_fn write_rt_value(Qcow2State *s, uint64_t ti, uint64_t v)
         return 0; /* the table being built is written whole later */
     }
     uint8_t b[8];
-    qcow2_st64(b, v);
+    qk_be64_put(b, v);
     return qk_co_pwrite(s->bs->file, s->rt_offset + ti * 8, 8, b, QK_REQ_KIND(QK_IO_REFTABLE));
 }
 
@@ -148,11 +156,11 @@ static int coroutine_fn grow_file(Qcow2State *s, uint64_t end, uint64_t used, bo
         return 0;
     }
     bool zeros = direct && !bulk;
-    uint64_t step = QK_MAX(QK_MIN(s->file_size / 8, (zeros ? 8ULL : 64ULL) << 20), 1ULL << 20);
+    uint64_t step = QK_MAX(QK_MIN(s->file_size / 8, zeros ? GROW_STEP_MAX_ZEROED : GROW_STEP_MAX), GROW_STEP_MIN);
     /* The new end on a 64 KiB (or cluster) boundary: an unaligned zero
      * write would go through a bounce buffer and a read-modify-write under
      * O_DIRECT, and leave the next growth unaligned too. */
-    uint64_t target = qk_align_up(end + step, QK_MAX(s->cluster_size, 65536u));
+    uint64_t target = qk_align_up(end + step, QK_MAX(s->cluster_size, GROW_ALIGN));
     int r = 0;
     if (zeros) {
         /* Sparse space below used was taken by bulk allocations, whose
@@ -375,7 +383,7 @@ static int coroutine_fn grow_table(Qcow2State *s, uint64_t need_ti)
         }
         if (r == 0) {
             for (uint64_t i = 0; i < entries; i++) {
-                qcow2_st64(&be[i], nt[i]);
+                qk_be64_put(&be[i], nt[i]);
             }
             r = qcow2_ensure_file_size(s, (start + nclusters) << s->cluster_bits);
         }

@@ -148,7 +148,7 @@ static int coroutine_fn write_structure(Check *k, const Layout *l, uint64_t *tab
         return -ENOMEM;
     }
     for (uint64_t i = 0; i < l->entries; i++) {
-        qcow2_st64(&be[i], table[i]);
+        qk_be64_put(&be[i], table[i]);
     }
     r = qk_co_pwrite(s->bs->file, (l->start + l->nblocks) << s->cluster_bits, bytes, be, 0);
     free(be);

@@ -155,7 +155,7 @@ static int coroutine_fn write_l1(Qcow2State *s, uint64_t off, const uint64_t *l1
         return -ENOMEM;
     }
     for (uint64_t i = 0; i < n; i++) {
-        qcow2_st64(&be[i], strip_copied ? l1[i] & ~QCOW2_OFLAG_COPIED : l1[i]);
+        qk_be64_put(&be[i], strip_copied ? l1[i] & ~QCOW2_OFLAG_COPIED : l1[i]);
     }
     int r = qk_co_pwrite(s->bs->file, off, bytes, be, QK_REQ_KIND(QK_IO_L1));
     free(be);

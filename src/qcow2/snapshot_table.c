@@ -25,24 +25,24 @@ void qcow2_snapshots_free(Qcow2Snapshot *sn, uint32_t n)
 static int parse_entry(Qcow2State *s, const uint8_t *fixed, const uint8_t *var, Qcow2Snapshot *sn,
                        uint32_t extra, uint16_t id_len, uint16_t name_len)
 {
-    sn->l1_offset = qcow2_ld64(fixed);
-    sn->l1_size = qcow2_ld32(fixed + 8);
-    sn->date_sec = qcow2_ld32(fixed + 16);
-    sn->date_nsec = qcow2_ld32(fixed + 20);
-    sn->vm_clock_nsec = qcow2_ld64(fixed + 24);
-    sn->vm_state_size = qcow2_ld32(fixed + 32);
+    sn->l1_offset = qk_be64_get(fixed);
+    sn->l1_size = qk_be32_get(fixed + 8);
+    sn->date_sec = qk_be32_get(fixed + 16);
+    sn->date_nsec = qk_be32_get(fixed + 20);
+    sn->vm_clock_nsec = qk_be64_get(fixed + 24);
+    sn->vm_state_size = qk_be32_get(fixed + 32);
     /* Entries without the extra fields predate them: the disk had the
      * image's current size and no instruction count was kept. */
     sn->disk_size = s->h.size;
     sn->icount = -1;
     if (extra >= 8) {
-        sn->vm_state_size = qcow2_ld64(var);
+        sn->vm_state_size = qk_be64_get(var);
     }
     if (extra >= 16) {
-        sn->disk_size = qcow2_ld64(var + 8);
+        sn->disk_size = qk_be64_get(var + 8);
     }
     if (extra >= 24) {
-        sn->icount = (int64_t)qcow2_ld64(var + 16);
+        sn->icount = (int64_t)qk_be64_get(var + 16);
     }
     if (extra > QCOW2_SN_EXTRA_KNOWN) {
         sn->extra_unknown_len = extra - QCOW2_SN_EXTRA_KNOWN;
@@ -96,8 +96,8 @@ int coroutine_fn qcow2_snapshots_read(Qcow2State *s, Qcow2Snapshot **out, uint32
             qk_error_set_errno(err, r, "Could not read the snapshot table");
             break;
         }
-        uint16_t id_len = qcow2_ld16(fixed + 12), name_len = qcow2_ld16(fixed + 14);
-        uint32_t extra = qcow2_ld32(fixed + 36);
+        uint16_t id_len = qk_be16_get(fixed + 12), name_len = qk_be16_get(fixed + 14);
+        uint32_t extra = qk_be32_get(fixed + 36);
         if (extra > QCOW2_SN_MAX_EXTRA) {
             r = qk_error_corrupt(err, "snapshot %u has too much extra data (%u bytes)", i, extra);
             break;
@@ -169,20 +169,20 @@ static void encode_entry(const Qcow2Snapshot *sn, uint8_t *p)
 {
     size_t id_len = strlen(sn->id), name_len = strlen(sn->name);
     uint32_t extra = extra_len(sn);
-    qcow2_st64(p, sn->l1_offset);
-    qcow2_st32(p + 8, sn->l1_size);
-    qcow2_st16(p + 12, (uint16_t)id_len);
-    qcow2_st16(p + 14, (uint16_t)name_len);
-    qcow2_st32(p + 16, sn->date_sec);
-    qcow2_st32(p + 20, sn->date_nsec);
-    qcow2_st64(p + 24, sn->vm_clock_nsec);
+    qk_be64_put(p, sn->l1_offset);
+    qk_be32_put(p + 8, sn->l1_size);
+    qk_be16_put(p + 12, (uint16_t)id_len);
+    qk_be16_put(p + 14, (uint16_t)name_len);
+    qk_be32_put(p + 16, sn->date_sec);
+    qk_be32_put(p + 20, sn->date_nsec);
+    qk_be64_put(p + 24, sn->vm_clock_nsec);
     /* Old readers see the 32-bit field; a state too big for it is only
      * described by the 64-bit one. */
-    qcow2_st32(p + 32, sn->vm_state_size > UINT32_MAX ? 0 : (uint32_t)sn->vm_state_size);
-    qcow2_st32(p + 36, extra);
-    qcow2_st64(p + 40, sn->vm_state_size);
-    qcow2_st64(p + 48, sn->disk_size);
-    qcow2_st64(p + 56, (uint64_t)sn->icount);
+    qk_be32_put(p + 32, sn->vm_state_size > UINT32_MAX ? 0 : (uint32_t)sn->vm_state_size);
+    qk_be32_put(p + 36, extra);
+    qk_be64_put(p + 40, sn->vm_state_size);
+    qk_be64_put(p + 48, sn->disk_size);
+    qk_be64_put(p + 56, (uint64_t)sn->icount);
     if (sn->extra_unknown_len) {
         memcpy(p + 64, sn->extra_unknown, sn->extra_unknown_len);
     }

@@ -21,6 +21,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* One allocating request covers at most this many bytes of clusters (one
+ * L2 table's worth at most too); longer writes are split. */
+#define MAX_WRITE_SPAN (32ULL << 20)
+/* Copy-on-write buffers: head and tail areas each start on this boundary,
+ * which suits O_DIRECT on every device we meet. */
+#define COW_BUF_ALIGN 4096u
+
 #define STACK_IOVS 8
 
 typedef struct AllocPlan {
@@ -87,7 +94,7 @@ static int coroutine_fn plan_alloc(Qcow2State *s, uint64_t off, uint64_t bytes, 
     p->l1i = p->c0 >> s->l2_bits;
     p->i0 = p->c0 & (s->l2_entries - 1);
     uint64_t table_last = ((p->l1i + 1) << s->l2_bits) - 1;
-    uint64_t max_n = QK_MAX(1ULL, (32ULL << 20) >> s->cluster_bits);
+    uint64_t max_n = QK_MAX(1ULL, MAX_WRITE_SPAN >> s->cluster_bits);
     uint64_t clast = QK_MIN((off + bytes - 1) >> s->cluster_bits, table_last);
     clast = QK_MIN(clast, p->c0 + max_n - 1);
     if (p->l1i >= s->l1_size) {
@@ -215,7 +222,7 @@ static void *cow_buf_get(Qcow2State *s)
     if (s->cow_pool_n) {
         return s->cow_pool[--s->cow_pool_n];
     }
-    return qk_aligned_alloc(QK_MAX(4096u, s->bs->mem_alignment), 2 * s->cluster_size + 4096);
+    return qk_aligned_alloc(QK_MAX(COW_BUF_ALIGN, s->bs->mem_alignment), 2 * s->cluster_size + COW_BUF_ALIGN);
 }
 
 static void cow_buf_put(Qcow2State *s, void *b)
@@ -388,7 +395,7 @@ static int coroutine_fn alloc_write(Qcow2State *s, uint64_t off, uint64_t bytes,
         r = buf ? 0 : -ENOMEM;
         qk_block_debug_event(QK_DBG_COW_READ);
     }
-    uint8_t *tailbuf = buf ? buf + qk_align_up(off - p.head, 4096) : NULL;
+    uint8_t *tailbuf = buf ? buf + qk_align_up(off - p.head, COW_BUF_ALIGN) : NULL;
     if (r == 0 && read_head) {
         QkIov hq;
         qk_iov_init_buf(&hq, buf, off - p.head);

@@ -14,8 +14,12 @@
 #define qk_sub_overflow(a, b, r) __builtin_sub_overflow((a), (b), (r))
 #define qk_mul_overflow(a, b, r) __builtin_mul_overflow((a), (b), (r))
 
-#define QK_MIN(a, b) ((a) < (b) ? (a) : (b))
-#define QK_MAX(a, b) ((a) > (b) ? (a) : (b))
+/* Each argument is evaluated once (QK_MIN(x++, y) is safe); both are
+ * compared in their common type, as a plain a < b would. */
+#define QK_MIN(a, b) __extension__({ __typeof__((a) + (b)) qk_min_a_ = (a), qk_min_b_ = (b); \
+                                     qk_min_a_ < qk_min_b_ ? qk_min_a_ : qk_min_b_; })
+#define QK_MAX(a, b) __extension__({ __typeof__((a) + (b)) qk_max_a_ = (a), qk_max_b_ = (b); \
+                                     qk_max_a_ > qk_max_b_ ? qk_max_a_ : qk_max_b_; })
 #define QK_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define QK_DIV_ROUND_UP(n, d) (((n) + (d) - 1) / (d))
 
