@@ -22,6 +22,7 @@ case "${1:-}" in
     ;;
 esac
 if [ ! -f "$dir/build.ninja" ]; then
-  env "${envs[@]}" meson setup "$dir" "${opts[@]}" >/dev/null
+  # -Werror here (CI and the tests); the project's default leaves it off.
+  env "${envs[@]}" meson setup "$dir" -Dwerror=true "${opts[@]}" >/dev/null
 fi
 ninja -C "$dir"
