@@ -1,19 +1,29 @@
 #!/usr/bin/env bash
 # Live-mirror benchmark: a writer (fio --ioengine=nbd, randwrite, BS, depth
 # DEPTH, DURATION seconds) against an export of a fully allocated qcow2 of
-# SIZE while a mirror job copies it; reports writer IOPS idle and during the
-# mirror (and their ratio), how long copying the image once took, bytes
-# copied per second, time to ready and total time, for background and
-# write-blocking modes, two ablations (background passes that chase every
-# write instead of waiting for writes to slow; rescan and drain per chunk),
-# background mode with the copy at low CPU priority, a plain cp of another
-# file of the same size (what any copy costs the writer here), and QEMU's
-# blockdev-mirror through qemu-storage-daemon when it is installed.
-# Targets on tmpfs (/dev/shm) and on the same disk as the source.
+# SIZE while a mirror job copies it to a target on the same disk with
+# O_DIRECT (target-cache=none, as a VM's disk would be). Per case: the
+# writer's IOPS and its share of the idle writer's, how long copying the
+# image once took, time to ready and to complete, and the copier's CPU per
+# GiB copied. Cases:
+#   idle             the writer alone
+#   background       background mirror
+#   write-blocking   write-blocking mirror (must reach ready under the writer)
+#   rescan           background with rescan+drain per chunk and passes that
+#                    chase every write (the seed's behaviour, an ablation)
+#   dd               dd iflag=direct oflag=direct bs=4M of another file of
+#                    SIZE on the same disk (the reference copy)
+#   qemu-background, qemu-write-blocking
+#                    QEMU's blockdev-mirror in qemu-storage-daemon, both
+#                    nodes with cache.direct=on
+#   copy-cost, qemu-copy-cost
+#                    the mirror alone (no writer): CPU seconds of the
+#                    server process per GiB until ready (QEMU's process
+#                    likewise), and the copy rate
+# Every case runs RUNS times (default 3), the order alternating between
+# runs (forward, then reversed); the table shows medians and the spread.
 #
-# Usage: bench/mirror.sh [tmpfs|disk|both]   env: SIZE=2G DURATION=20 BS=4k DEPTH=32
-#        CASES="idle background background-chase background-low write-blocking rescan external
-#               qemu-background qemu-write-blocking"
+# Usage: bench/mirror.sh [disk|tmpfs]   env: SIZE=2G DURATION=20 BS=4k DEPTH=32 RUNS=3 CASES="..."
 set -u
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/bench/lib.bash"
@@ -22,19 +32,26 @@ SIZE=${SIZE:-2G}
 DURATION=${DURATION:-20}
 BS=${BS:-4k}
 DEPTH=${DEPTH:-32}
-CASES=${CASES:-"idle background background-chase background-low write-blocking rescan external qemu-background qemu-write-blocking"}
-where=${1:-both}
+RUNS=${RUNS:-3}
+CASES=${CASES:-"idle background write-blocking rescan dd qemu-background qemu-write-blocking copy-cost qemu-copy-cost"}
+where=${1:-disk}
 work=$(mktemp -d /var/tmp/qk-mirror-bench.XXXXXX)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$work" /dev/shm/qk-mirror-bench.*; }
 trap cleanup EXIT
+case $where in
+  disk) tdir=$work/t; mkdir -p "$tdir" ;;
+  tmpfs) tdir=$(mktemp -d /dev/shm/qk-mirror-bench.XXXXXX) ;;
+  *) echo "usage: bench/mirror.sh [disk|tmpfs]"; exit 2 ;;
+esac
 
 src=$work/src.qcow2
 sock=$work/nbd.sock
 ctl_sock=$work/ctl.sock
 uri="nbd+unix:///disk?socket=$sock"
+results=$work/results.tsv
+: > "$results"
 
-echo "# live mirror: SIZE=$SIZE writer fio nbd randwrite bs=$BS depth=$DEPTH ${DURATION}s; $(nproc) CPUs"
 qemu-img create -q -f qcow2 "$src" "$SIZE"
 # Fully allocated source, so the mirror has SIZE bytes to copy.
 bytes=$(numfmt --from=iec "$SIZE")
@@ -42,7 +59,14 @@ for ((off = 0; off < bytes; off += 268435456)); do
   qemu-io -f qcow2 -c "write -P 0x5a $off 256M" "$src" > /dev/null
 done
 qemu-img map "$src" --output=json | grep -q '"data": true' || { echo "could not fill the source"; exit 1; }
+other=$work/other.raw
+dd if=/dev/urandom of="$other" bs=1M count=$((bytes / 1048576)) status=none
 
+now() { date +%s.%N; }
+since() { python3 -c "import sys; print('%.2f' % ($(now) - $1))"; }
+cpu_s() { # pid: user+system seconds of a process
+  awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"
+}
 fio_run() { # output-json
   fio --name=w --ioengine=nbd --uri="$uri" --rw=randwrite --bs="$BS" --iodepth="$DEPTH" \
     --time_based --runtime="$DURATION" --size="$SIZE" --output-format=json > "$1" 2>/dev/null
@@ -50,15 +74,16 @@ fio_run() { # output-json
 iops() { # fio may print notes before its JSON
   python3 -c "import json,sys; t=open(sys.argv[1]).read(); print(round(json.loads(t[t.index('{'):])['jobs'][0]['write']['iops']))" "$1"
 }
-
+# result case writer-iops once ready total cpu-per-gib ("-" where none)
+result() { printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >> "$results"; }
 
 start_qk() {
   drop_caches
   rm -f "$work/pid"
   "$QK" serve --pidfile "$work/pid" --socket "$sock" --control "$ctl_sock" \
     --export "name=disk,file=$src,format=qcow2" &
-  pids+=($!)
   SERVE=$!
+  pids+=("$SERVE")
   for _ in $(seq 200); do [ -s "$work/pid" ] && return; sleep 0.05; done
   echo "serve did not start"; exit 1
 }
@@ -66,153 +91,146 @@ stop_qk() { kill -TERM "$SERVE"; wait "$SERVE" 2>/dev/null; }
 qctl() { "$QK" ctl "$ctl_sock" "$@"; }
 field() { python3 -c "import json,sys; j=json.load(sys.stdin)['return']; j=j[0] if isinstance(j,list) else j; print(j.get(sys.argv[1],''))" "$1"; }
 
-seq_bw() { # target-dir: sequential copy bandwidth (idle mirror == sparse-aware parallel copy)
-  rm -f "$1/seq.qcow2"
-  local t0 t1
-  t0=$(date +%s.%N)
-  qemu-img convert -f qcow2 -O qcow2 "$src" "$1/seq.qcow2"
-  t1=$(date +%s.%N)
-  python3 -c "import sys; print(round($(numfmt --from=iec "$SIZE")/($t1-$t0)/1e6))"
-  rm -f "$1/seq.qcow2"
-}
-
-# Seconds until the job's bytes copied first reach the image size: the
-# time to copy the image once, whatever the dirty passes do afterwards.
-qk_case() { # target-dir mode rescan [copy-priority] [chase-writes]
-  local tdir=$1 mode=$2 rescan=$3 prio=${4:-auto} chase=${5:-false} tgt=$1/dst.qcow2
-  rm -f "$tgt"
-  start_qk
-  fio_run "$work/fio.json" &
-  local fpid=$!
-  sleep 1
-  local t0 ready="" once="" st q
-  t0=$(date +%s.%N)
-  qctl mirror-start export=disk target="$tgt" mode="$mode" id=m rescan-per-chunk="$rescan" \
-    copy-priority="$prio" chase-writes="$chase" > /dev/null
-  while kill -0 "$fpid" 2>/dev/null; do
-    q=$(qctl query-jobs)
-    st=$(echo "$q" | field status)
-    if [ -z "$ready" ] && [ "$st" = ready ]; then ready=$(python3 -c "print(round($(date +%s.%N)-$t0,1))"); fi
-    if [ -z "$once" ] && [ "$(echo "$q" | field bytes-done)" -ge "$bytes" ]; then
-      once=$(python3 -c "print(round($(date +%s.%N)-$t0,1))")
-    fi
-    sleep 0.25
-  done
-  wait "$fpid"
-  q=$(qctl query-jobs)
-  local done_b; done_b=$(echo "$q" | field bytes-done)
-  local dirty; dirty=$(echo "$q" | field dirty-bytes)
-  local waited; waited=$(echo "$q" | field writer-wait-ms)
-  now=$(date +%s.%N)
-  local tput; tput=$(python3 -c "print(round($done_b/($now-$t0)/1e6))")
-  local rate="-"
-  [ -n "$once" ] && rate=$(python3 -c "print(round($bytes/$once/1e6))")
-  [ -z "$ready" ] && { st=$(echo "$q" | field status); [ "$st" = ready ] && ready="after writer"; }
-  local total="-"
-  # A background mirror the writes outpaced converges once they stop.
-  for _ in $(seq 120); do
+# Waits for ready (up to 60 s), completes the job; prints seconds since t0
+# or "-" when it never became ready (then cancels).
+qk_finish() { # t0
+  for _ in $(seq 240); do
     [ "$(qctl query-jobs | field status)" = ready ] && break
     sleep 0.25
   done
-  q=$(qctl query-jobs)
-  if [ "$(echo "$q" | field status)" = ready ]; then
+  if [ "$(qctl query-jobs | field status)" = ready ]; then
     qctl job-complete id=m wait=true > "$work/done.json"
-    total=$(python3 -c "print(round($(date +%s.%N)-$t0,1))")
+    since "$1"
   else
     qctl job-cancel id=m wait=true > /dev/null
+    echo "-"
   fi
-  local label="qcowkit $mode"
-  [ "$rescan" = true ] && label="$label (rescan+drain per chunk)"
-  [ "$prio" = low ] && label="$label (copy at low CPU priority)"
-  [ "$chase" = true ] && label="$label (passes chase every write)"
-  row "$label" "$(iops "$work/fio.json")" "${once:--}" "$rate" "$tput" \
-    "${ready:-not ready while the writer ran}" "$total" \
-    "dirty at writer end $(( ${dirty:-0} / 1048576 )) MiB; waited for writes $(( ${waited:-0} / 1000 )) s"
-  stop_qk
+}
+
+qk_case() { # case mode rescan chase
+  local name=$1 mode=$2 rescan=$3 chase=$4 tgt=$tdir/dst.qcow2
   rm -f "$tgt"
-}
-
-# row label writer-iops rest...: the writer's share of its idle IOPS is added.
-row() {
-  local label=$1 w=$2; shift 2
-  local pct=""
-  [ -n "${IDLE_IOPS:-}" ] && pct="$(( w * 100 / IDLE_IOPS ))%"
-  local IFS='|'
-  echo "| $label | $w | $pct | $* |" | sed 's/|/ | /g; s/  */ /g; s/^ //; s/ $//'
-}
-
-# Reference: what a plain copy of another file of the same size to the
-# target directory costs the writer (no qcowkit code on the copy side).
-external_case() { # target-dir
-  local other=$work/other.raw
-  [ -e "$other" ] || dd if=/dev/urandom of="$other" bs=1M count=$((bytes / 1048576)) status=none
   start_qk
   fio_run "$work/fio.json" &
   local fpid=$!
-  sleep 1
-  local t0 t1; t0=$(date +%s.%N)
-  cp "$other" "$1/other.raw"
-  t1=$(date +%s.%N)
+  sleep 2
+  local t0 ready="-" once="-" q
+  t0=$(now)
+  qctl mirror-start export=disk target="$tgt" mode="$mode" id=m rescan-per-chunk="$rescan" \
+    chase-writes="$chase" target-cache=none > /dev/null
+  while kill -0 "$fpid" 2>/dev/null; do
+    q=$(qctl query-jobs)
+    [ "$ready" = - ] && [ "$(echo "$q" | field status)" = ready ] && ready=$(since "$t0")
+    [ "$once" = - ] && [ "$(echo "$q" | field bytes-done)" -ge "$bytes" ] && once=$(since "$t0")
+    sleep 0.25
+  done
   wait "$fpid"
-  local once; once=$(python3 -c "print(round($t1-$t0,1))")
-  row "cp of another $SIZE file (reference)" "$(iops "$work/fio.json")" "$once" \
-    "$(python3 -c "print(round($bytes/($t1-$t0)/1e6))")" "" "" "" "not a mirror: any copy's cost"
+  local cpu; cpu=$(qctl query-jobs | field cpu-ms-per-gib)
+  local total; total=$(qk_finish "$t0")
+  result "$name" "$(iops "$work/fio.json")" "$once" "$ready" "$total" \
+    "$(python3 -c "print('%.2f' % (${cpu:-0} / 1000))")"
   stop_qk
-  rm -f "$1/other.raw"
-}
-
-qsd_case() { # target-dir copy-mode
-  local tdir=$1 mode=$2 tgt=$1/dst.qcow2
-  command -v qemu-storage-daemon > /dev/null || { echo "| QEMU $mode | qemu-storage-daemon not installed | | | | | | | |"; return; }
-  rm -f "$tgt" "$work/qmp.sock"
-  qemu-img create -q -f qcow2 "$tgt" "$SIZE"
-  drop_caches
-  qemu-storage-daemon --blockdev "driver=file,filename=$src,node-name=f0" \
-    --blockdev "driver=qcow2,file=f0,node-name=src" \
-    --blockdev "driver=file,filename=$tgt,node-name=f1" \
-    --blockdev "driver=qcow2,file=f1,node-name=dst" \
-    --nbd-server "addr.type=unix,addr.path=$sock" --export "type=nbd,id=e,node-name=src,name=disk,writable=on" \
-    --chardev "socket,path=$work/qmp.sock,server=on,wait=off,id=c" --monitor chardev=c &
-  local qpid=$!
-  pids+=($qpid)
-  for _ in $(seq 100); do [ -S "$sock" ] && [ -S "$work/qmp.sock" ] && break; sleep 0.05; done
-  fio_run "$work/fio.json" &
-  local fpid=$!
-  sleep 1
-  python3 "$top/bench/qmp_mirror.py" "$work/qmp.sock" "$mode" "$fpid" "$(numfmt --from=iec "$SIZE")" > "$work/qemu.txt"
-  wait "$fpid"
-  local w; w=$(iops "$work/fio.json")
-  local pct=""; [ -n "${IDLE_IOPS:-}" ] && pct="$(( w * 100 / IDLE_IOPS ))%"
-  printf '| QEMU blockdev-mirror %s | %s | %s | %s\n' "$mode" "$w" "$pct" "$(cat "$work/qemu.txt")"
-  kill -TERM "$qpid"; wait "$qpid" 2>/dev/null
   rm -f "$tgt"
 }
 
-run_where() { # label dir
-  echo
-  echo "## target on $1 ($2); sequential copy (qemu-img convert, no writer): $(seq_bw "$2") MB/s"
-  echo "| case | writer IOPS | of idle | image copied once in (s) | at (MB/s) | MB copied per s while writing | time to ready (s) | time to complete (s) | note |"
-  echo "|---|---|---|---|---|---|---|---|---|"
-  IDLE_IOPS=""
-  for c in $CASES; do
-    case $c in
-      idle) start_qk; fio_run "$work/fio.json"; stop_qk
-            IDLE_IOPS=$(iops "$work/fio.json"); row "no mirror" "$IDLE_IOPS" "" "" "" "" "" "" ;;
-      background) qk_case "$2" background false ;;
-      background-chase) qk_case "$2" background false auto true ;;
-      background-low) qk_case "$2" background false low ;;
-      write-blocking) qk_case "$2" write-blocking false ;;
-      rescan) qk_case "$2" background true auto true ;;
-      external) external_case "$2" ;;
-      qemu-background) qsd_case "$2" background ;;
-      qemu-write-blocking) qsd_case "$2" write-blocking ;;
-    esac
+qk_copy_cost() {
+  local tgt=$tdir/dst.qcow2
+  rm -f "$tgt"
+  start_qk
+  local c0 t0 ready="-"
+  c0=$(cpu_s "$SERVE")
+  t0=$(now)
+  qctl mirror-start export=disk target="$tgt" mode=background id=m target-cache=none > /dev/null
+  for _ in $(seq 1200); do
+    [ "$(qctl query-jobs | field status)" = ready ] && { ready=$(since "$t0"); break; }
+    sleep 0.05
   done
+  local cpu; cpu=$(python3 -c "print('%.2f' % (($(cpu_s "$SERVE") - $c0) * (1 << 30) / $bytes))")
+  qctl job-complete id=m wait=true > /dev/null
+  result copy-cost - "$ready" "$ready" "-" "$cpu"
+  stop_qk
+  rm -f "$tgt"
 }
 
-shm=$(mktemp -d /dev/shm/qk-mirror-bench.XXXXXX)
-case $where in
-  tmpfs) run_where tmpfs "$shm" ;;
-  disk) run_where "the same disk" "$work" ;;
-  *) run_where tmpfs "$shm"; run_where "the same disk" "$work" ;;
-esac
+dd_case() {
+  start_qk
+  fio_run "$work/fio.json" &
+  local fpid=$!
+  sleep 2
+  local t0; t0=$(now)
+  dd if="$other" of="$tdir/other.raw" bs=4M iflag=direct oflag=direct status=none
+  local once; once=$(since "$t0")
+  wait "$fpid"
+  result dd "$(iops "$work/fio.json")" "$once" - - -
+  stop_qk
+  rm -f "$tdir/other.raw"
+}
+
+start_qsd() { # target
+  rm -f "$work/qmp.sock"
+  drop_caches
+  qemu-storage-daemon --blockdev "driver=file,filename=$src,node-name=f0,cache.direct=on" \
+    --blockdev "driver=qcow2,file=f0,node-name=src" \
+    --blockdev "driver=file,filename=$1,node-name=f1,cache.direct=on" \
+    --blockdev "driver=qcow2,file=f1,node-name=dst" \
+    --nbd-server "addr.type=unix,addr.path=$sock" --export "type=nbd,id=e,node-name=src,name=disk,writable=on" \
+    --chardev "socket,path=$work/qmp.sock,server=on,wait=off,id=c" --monitor chardev=c &
+  QSD=$!
+  pids+=("$QSD")
+  for _ in $(seq 100); do [ -S "$sock" ] && [ -S "$work/qmp.sock" ] && break; sleep 0.05; done
+}
+
+qsd_case() { # case copy-mode ("" for the copy-cost case: no writer)
+  local name=$1 mode=$2 tgt=$tdir/dst.qcow2
+  command -v qemu-storage-daemon > /dev/null || { result "$name" - - - - -; return; }
+  rm -f "$tgt"
+  qemu-img create -q -f qcow2 "$tgt" "$SIZE"
+  start_qsd "$tgt"
+  local fpid=0
+  if [ -n "$mode" ]; then
+    fio_run "$work/fio.json" &
+    fpid=$!
+    sleep 2
+  fi
+  # prints: once ready total cpu-s-per-GiB
+  local r
+  r=$(python3 "$top/bench/qmp_mirror.py" "$work/qmp.sock" "${mode:-background}" "$fpid" "$bytes" "$QSD")
+  local w=-
+  if [ -n "$mode" ]; then wait "$fpid"; w=$(iops "$work/fio.json"); fi
+  # shellcheck disable=SC2086
+  result "$name" "$w" $r
+  kill -TERM "$QSD"; wait "$QSD" 2>/dev/null
+  rm -f "$tgt"
+}
+
+run_case() {
+  case $1 in
+    idle) start_qk; fio_run "$work/fio.json"; stop_qk; result idle "$(iops "$work/fio.json")" - - - - ;;
+    background) qk_case background background false false ;;
+    write-blocking) qk_case write-blocking write-blocking false false ;;
+    rescan) qk_case rescan background true true ;;
+    dd) dd_case ;;
+    qemu-background) qsd_case qemu-background background ;;
+    qemu-write-blocking) qsd_case qemu-write-blocking write-blocking ;;
+    copy-cost) qk_copy_cost ;;
+    qemu-copy-cost) qsd_case qemu-copy-cost "" ;;
+    *) echo "unknown case $1"; exit 2 ;;
+  esac
+}
+
+echo "# live mirror: SIZE=$SIZE, writer fio nbd randwrite bs=$BS depth=$DEPTH ${DURATION}s, target on $where" \
+  "with O_DIRECT; $RUNS runs, alternating order; $(nproc) CPUs, $(date -u '+%Y-%m-%d %H:%M') UTC," \
+  "commit $(git -C "$top" rev-parse --short HEAD 2>/dev/null)"
+read -r -a order <<< "$CASES"
+for ((r = 1; r <= RUNS; r++)); do
+  if ((r % 2 == 0)); then
+    list=(); for ((i = ${#order[@]} - 1; i >= 0; i--)); do list+=("${order[i]}"); done
+  else
+    list=("${order[@]}")
+  fi
+  for c in "${list[@]}"; do
+    run_case "$c"
+    echo "run $r: $(tail -n 1 "$results")" >&2
+  done
+done
+python3 "$top/bench/mirror_table.py" "$results" "$bytes" $CASES

@@ -1,11 +1,19 @@
 #!/usr/bin/env python3
 """QEMU side of bench/mirror.sh: drives blockdev-mirror over QMP while the
-writer (whose pid is given) runs, then completes. Prints one table tail:
-'image copied once (s) | its rate MB/s | MB copied per s while writing |
-time to ready | time to complete | note |'."""
+writer (whose pid is given; 0: no writer, then until ready) runs, then
+completes. Prints 'ONCE READY TOTAL CPU' (seconds; '-' where none): the
+time until the image was copied once, to ready and to completion, and the
+daemon's CPU seconds per GiB copied until ready (or the writer's end)."""
 import json, os, socket, sys, time
 
-path, mode, writer_pid, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+path, mode, writer_pid, size, qsd_pid = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid):
+    with open("/proc/%d/stat" % pid) as st:
+        v = st.read().rsplit(")", 1)[1].split()
+    return (int(v[11]) + int(v[12])) / HZ
 s = socket.socket(socket.AF_UNIX)
 s.connect(path)
 f = s.makefile("rw")
@@ -20,11 +28,13 @@ def cmd(name, **args):
 
 json.loads(f.readline())
 cmd("qmp_capabilities")
+c0 = cpu_s(qsd_pid)
 t0 = time.time()
 r = cmd("blockdev-mirror", **{"job-id": "m", "device": "src", "target": "dst", "sync": "full",
                               "copy-mode": mode})
 if "error" in r:
-    print("error: %s | | | | | |" % r["error"]["desc"])
+    print("- - - -")
+    print(r["error"]["desc"], file=sys.stderr)
     sys.exit(0)
 ready = None
 def alive(pid):
@@ -35,20 +45,28 @@ def alive(pid):
         return False
 job = {}
 once = None  # seconds until the bytes copied first reached the image size
-while alive(writer_pid):
+cpu = None
+while alive(writer_pid) if writer_pid else ready is None and time.time() - t0 < 120:
     jobs = cmd("query-jobs")["return"]
     job = jobs[0] if jobs else job
     if ready is None and job.get("status") == "ready":
         ready = time.time() - t0
+        if not writer_pid:
+            cpu = (cpu_s(qsd_pid) - c0) * (1 << 30) / max(job.get("current-progress", 1), 1)
     if once is None and job.get("current-progress", 0) >= size:
         once = time.time() - t0
-    time.sleep(0.25)
-now = time.time()
+    time.sleep(0.25 if writer_pid else 0.05)
 jobs = cmd("query-jobs")["return"]
 job = jobs[0] if jobs else job
-tput = job.get("current-progress", 0) / (now - t0) / 1e6
-if ready is None and job.get("status") == "ready":
-    ready = "after writer"
+if cpu is None and job.get("current-progress"):
+    cpu = (cpu_s(qsd_pid) - c0) * (1 << 30) / job["current-progress"]
+# A background mirror the writes outpaced converges once they stop.
+for _ in range(240):
+    if job.get("status") == "ready":
+        break
+    time.sleep(0.25)
+    jobs = cmd("query-jobs")["return"]
+    job = jobs[0] if jobs else job
 total = "-"
 if job.get("status") == "ready":
     cmd("job-complete", id="m")
@@ -60,7 +78,5 @@ if job.get("status") == "ready":
     total = round(time.time() - t0, 1)
 else:
     cmd("job-cancel", id="m")
-ready_s = "not ready while the writer ran" if ready is None else (ready if isinstance(ready, str) else round(ready, 1))
-once_s = "-" if once is None else "%.1f" % once
-rate = "-" if once is None else "%d" % (size / once / 1e6)
-print("%s | %s | %d | %s | %s | |" % (once_s, rate, tput, ready_s, total))
+f2 = lambda v: "-" if v is None else "%.2f" % v  # noqa: E731
+print("%s %s %s %s" % (f2(once), f2(ready), total, f2(cpu)))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages that building, testing and benchmarking qcowkit
-# need. Safe to run again: it installs only what is missing.
+# need (qemu-system-common: qemu-storage-daemon, which the mirror benchmark
+# compares with). Safe to run again: it installs only what is missing.
 set -euo pipefail
 
 pkgs=(
@@ -8,6 +9,7 @@ pkgs=(
   liburing-dev zlib1g-dev libzstd-dev libjansson-dev
   libnbd-dev libnbd-bin
   qemu-utils fio time iproute2 gnuplot-nox python3 strace
+  qemu-system-common
   clang libclang-rt-14-dev
 )
 
