@@ -39,6 +39,12 @@ enum {
     QK_REQ_FUA = 1 << 0,           /* data is stable when the request completes */
     QK_REQ_MAY_UNMAP = 1 << 1,     /* zero write may deallocate */
     QK_REQ_NO_FALLBACK = 1 << 2,   /* zero write: fail with -ENOTSUP rather than write zeros */
+    /* Read: part of a bulk copy (a mirror's pass) that will not be read
+     * again soon. A host file opened through the page cache may serve it
+     * with O_DIRECT from a second descriptor when the request is aligned:
+     * the kernel writes back dirty pages of the range first, so the data
+     * is the same, at a third of the CPU and without filling the cache. */
+    QK_REQ_BULK_READ = 1 << 3,
     /* Bits 8..11 say what a format driver writes to its file (QK_REQ_KIND
      * in block/inject.h), so fault injection can pick metadata writes. */
 };

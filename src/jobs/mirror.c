@@ -264,7 +264,7 @@ static int coroutine_fn copy_op(MirrorOp *op)
                     break;
                 }
             }
-            r = qk_co_pread(m->src, pos, pnum, buf, 0);
+            r = qk_co_pread(m->src, pos, pnum, buf, QK_REQ_BULK_READ);
             if (r < 0) {
                 qk_error_set_errno(&m->err, r, "Could not read from the source '%s'", m->src->filename);
                 break;

@@ -300,7 +300,8 @@ bool qcow2_clean_is_zero(const Qcow2State *s, uint64_t host, unsigned sc);
 void qcow2_deps_free(Qcow2State *s);
 
 /* read.c */
-int coroutine_fn qcow2_read_unlocked(Qcow2State *s, uint64_t off, uint64_t bytes, QkIov *qiov, size_t qoff);
+int coroutine_fn qcow2_read_unlocked(Qcow2State *s, uint64_t off, uint64_t bytes, QkIov *qiov, size_t qoff,
+                                     int flags);
 int coroutine_fn qcow2_co_preadv(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov, size_t qoff, int flags);
 
 /* write.c */

@@ -86,7 +86,8 @@ static int coroutine_fn read_compressed(Qcow2State *s, uint64_t l2e, uint64_t in
     return r;
 }
 
-static int coroutine_fn read_backing(Qcow2State *s, uint64_t off, uint64_t n, QkIov *qiov, size_t qoff)
+static int coroutine_fn read_backing(Qcow2State *s, uint64_t off, uint64_t n, QkIov *qiov, size_t qoff,
+                                     int flags)
 {
     QkBlock *b = s->bs->backing;
     int64_t blen = b ? qk_block_length(b) : 0;
@@ -95,7 +96,7 @@ static int coroutine_fn read_backing(Qcow2State *s, uint64_t off, uint64_t n, Qk
     }
     uint64_t avail = off < (uint64_t)blen ? QK_MIN(n, (uint64_t)blen - off) : 0;
     if (avail) {
-        int r = qk_co_preadv(b, off, avail, qiov, qoff, 0);
+        int r = qk_co_preadv(b, off, avail, qiov, qoff, flags & QK_REQ_BULK_READ);
         if (r < 0) {
             return r;
         }
@@ -106,7 +107,8 @@ static int coroutine_fn read_backing(Qcow2State *s, uint64_t off, uint64_t n, Qk
     return 0;
 }
 
-int coroutine_fn qcow2_read_unlocked(Qcow2State *s, uint64_t off, uint64_t bytes, QkIov *qiov, size_t qoff)
+int coroutine_fn qcow2_read_unlocked(Qcow2State *s, uint64_t off, uint64_t bytes, QkIov *qiov, size_t qoff,
+                                     int flags)
 {
     while (bytes) {
         Qcow2Extent ext;
@@ -117,14 +119,14 @@ int coroutine_fn qcow2_read_unlocked(Qcow2State *s, uint64_t off, uint64_t bytes
         uint64_t n = ext.bytes;
         switch (ext.type) {
         case QCOW2_UNALLOC:
-            r = read_backing(s, off, n, qiov, qoff);
+            r = read_backing(s, off, n, qiov, qoff, flags);
             break;
         case QCOW2_ZERO_PLAIN:
         case QCOW2_ZERO_ALLOC:
             qk_iov_memset(qiov, qoff, 0, n);
             break;
         case QCOW2_NORMAL:
-            r = qk_co_preadv(s->bs->file, ext.host, n, qiov, qoff, 0);
+            r = qk_co_preadv(s->bs->file, ext.host, n, qiov, qoff, flags & QK_REQ_BULK_READ);
             break;
         case QCOW2_COMPRESSED:
             r = read_compressed(s, ext.l2e, off & (s->cluster_size - 1), n, qiov, qoff);
@@ -142,11 +144,10 @@ int coroutine_fn qcow2_read_unlocked(Qcow2State *s, uint64_t off, uint64_t bytes
 
 int coroutine_fn qcow2_co_preadv(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov, size_t qoff, int flags)
 {
-    (void)flags;
     Qcow2State *s = qcow2_state(bs);
     Qcow2Req req;
     qcow2_req_begin(s, &req, off, off + bytes, false);
-    int r = qcow2_read_unlocked(s, off, bytes, qiov, qoff);
+    int r = qcow2_read_unlocked(s, off, bytes, qiov, qoff, flags);
     qcow2_req_end(s, &req);
     return r;
 }

@@ -399,12 +399,12 @@ static int coroutine_fn alloc_write(Qcow2State *s, uint64_t off, uint64_t bytes,
     if (r == 0 && read_head) {
         QkIov hq;
         qk_iov_init_buf(&hq, buf, off - p.head);
-        r = qcow2_read_unlocked(s, p.head, off - p.head, &hq, 0);
+        r = qcow2_read_unlocked(s, p.head, off - p.head, &hq, 0, 0);
     }
     if (r == 0 && read_tail) {
         QkIov tq;
         qk_iov_init_buf(&tq, tailbuf, p.tail - p.wend);
-        r = qcow2_read_unlocked(s, p.wend, p.tail - p.wend, &tq, 0);
+        r = qcow2_read_unlocked(s, p.wend, p.tail - p.wend, &tq, 0, 0);
     }
     if (r == 0) {
         if (need_q) {
