@@ -23,7 +23,8 @@
 # Every case runs RUNS times (default 3), the order alternating between
 # runs (forward, then reversed); the table shows medians and the spread.
 #
-# Usage: bench/mirror.sh [disk|tmpfs]   env: SIZE=2G DURATION=20 BS=4k DEPTH=32 RUNS=3 CASES="..."
+# Usage: bench/mirror.sh [disk|tmpfs]
+#   env: SIZE=2G DURATION=20 BS=4k DEPTH=32 RUNS=3 EXPORT_CACHE=writeback CASES="..."
 set -u
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/bench/lib.bash"
@@ -33,6 +34,7 @@ DURATION=${DURATION:-20}
 BS=${BS:-4k}
 DEPTH=${DEPTH:-32}
 RUNS=${RUNS:-3}
+EXPORT_CACHE=${EXPORT_CACHE:-writeback}   # the source export's cache mode
 CASES=${CASES:-"idle background write-blocking rescan dd qemu-background qemu-write-blocking copy-cost qemu-copy-cost"}
 where=${1:-disk}
 work=$(mktemp -d /var/tmp/qk-mirror-bench.XXXXXX)
@@ -81,7 +83,7 @@ start_qk() {
   drop_caches
   rm -f "$work/pid"
   "$QK" serve --pidfile "$work/pid" --socket "$sock" --control "$ctl_sock" \
-    --export "name=disk,file=$src,format=qcow2" &
+    --export "name=disk,file=$src,format=qcow2,cache=$EXPORT_CACHE" &
   SERVE=$!
   pids+=("$SERVE")
   for _ in $(seq 200); do [ -s "$work/pid" ] && return; sleep 0.05; done
@@ -218,7 +220,8 @@ run_case() {
   esac
 }
 
-echo "# live mirror: SIZE=$SIZE, writer fio nbd randwrite bs=$BS depth=$DEPTH ${DURATION}s, target on $where" \
+echo "# live mirror: SIZE=$SIZE, writer fio nbd randwrite bs=$BS depth=$DEPTH ${DURATION}s," \
+  "source export cache=$EXPORT_CACHE, target on $where" \
   "with O_DIRECT; $RUNS runs, alternating order; $(nproc) CPUs, $(date -u '+%Y-%m-%d %H:%M') UTC," \
   "commit $(git -C "$top" rev-parse --short HEAD 2>/dev/null)"
 read -r -a order <<< "$CASES"

@@ -194,13 +194,14 @@ static int coroutine_fn host_write_full(FileState *s, uint64_t off, QkIov *q)
 /* Bulk reads of a file opened through the page cache go through a second,
  * O_DIRECT descriptor when aligned to BULK_ALIGN (see QK_REQ_BULK_READ):
  * opened on first use; a file system that refuses O_DIRECT keeps the
- * buffered path. */
+ * buffered path, as does QCOWKIT_BULK_READ_DIRECT=0 (for measuring). */
 #define BULK_ALIGN 4096u
 
 static int bulk_fd(QkBlock *bs, FileState *s)
 {
     if (s->bulk_fd == -1) {
-        int fd = open(bs->filename, O_RDONLY | O_DIRECT | O_CLOEXEC);
+        const char *env = getenv("QCOWKIT_BULK_READ_DIRECT");
+        int fd = env && strcmp(env, "0") == 0 ? -1 : open(bs->filename, O_RDONLY | O_DIRECT | O_CLOEXEC);
         struct stat a, b;
         /* The same file, not one renamed into its place meanwhile. */
         if (fd >= 0 && (fstat(fd, &a) < 0 || fstat(s->fd, &b) < 0 || a.st_ino != b.st_ino ||
