@@ -83,8 +83,10 @@ def main():
         for ln in text:
             w((esc(ln) if ln else '.PP') + '\n')
     w('.SH ENVIRONMENT\n.TP\n.B QCOWKIT_AIO\nio_uring or threads: the I/O backend of the event loops the '
-      'library creates (io_uring by default, falling back to a thread pool). See qcowkit(1) for the '
-      'other QCOWKIT_ variables.\n')
+      'library creates (io_uring by default, falling back to a thread pool).\n.TP\n.B QCOWKIT_URING_ASYNC_MIN, '
+      'QCOWKIT_URING_ASYNC_MIN_WRITE, QCOWKIT_URING_WRITER, QCOWKIT_URING_COOP, QCOWKIT_BULK_READ_DIRECT\n'
+      'The tuning knobs of qk_set_tunable, which a program\'s own setting overrides; qcowkit(1) '
+      'describes each.\n')
     w('.SH SEE ALSO\n.BR qcowkit (1)\n')
 
 

@@ -4,23 +4,20 @@
  * manual cannot drift from the program. meson builds and installs it.
  */
 #include "cmd.h"
+#include "util/tunables.h"
 
 #include <stdio.h>
 #include <string.h>
 
-/* The environment variables the library and tools read. */
+/* The environment variables the tools read besides the library's tuning
+ * knobs (util/tunables.h, listed after these). */
 static const struct {
     const char *name, *text;
 } env_vars[] = {
     {"QCOWKIT_AIO", "io_uring or threads: the I/O backend of every event loop (as --aio). io_uring is "
                     "the default, with the thread pool as the fallback where io_uring is unavailable."},
-    {"QCOWKIT_URING_ASYNC_MIN", "Reads (and O_DIRECT writes) of at least this many bytes go to the "
-                                "kernel's io_uring workers instead of running inline (default 131072; 0: "
-                                "never)."},
-    {"QCOWKIT_URING_ASYNC_MIN_WRITE", "Buffered writes of at least this many bytes go to the backend's "
-                                      "page-cache writer threads (default 4096; 0: never)."},
-    {"QCOWKIT_URING_WRITER", "0 sends buffered writes to io_uring's workers instead of the writer "
-                             "threads (for measuring)."},
+    {"QCOWKIT_INJECT", "Testing only: fault injection rules for the host files (see README)."},
+    {"QCOWKIT_LOG_WRITES", "Testing only: a file to record every write and flush made to image files."},
     {"QCOWKIT_VMSTATE_FAIL_AT", "Testing only: makes the VM-state writer fail at the given byte."},
 };
 
@@ -70,6 +67,14 @@ void qk_tool_print_man(FILE *f, const QkCommand *const *cmds, size_t n)
     for (size_t i = 0; i < sizeof(env_vars) / sizeof(env_vars[0]); i++) {
         fprintf(f, ".TP\n.B %s\n", env_vars[i].name);
         put_text(f, env_vars[i].text);
+    }
+    for (int t = 0; t < QK_TUNE__COUNT; t++) {
+        const QkTunableInfo *ti = qk_tunable_info((QkTunable)t);
+        char text[1024];
+        snprintf(text, sizeof(text), "%s Programs using the library set it with qk_set_tunable(\"%s\", ...).",
+                 ti->doc, ti->name);
+        fprintf(f, ".TP\n.B %s\n", ti->env);
+        put_text(f, text);
     }
     fputs(".SH EXIT STATUS\n0 on success, 1 on an error (with a message on standard error); "
           "check also returns 2 (corruptions), 3 (leaks only) and 63 (no check for the format), "

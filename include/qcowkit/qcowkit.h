@@ -46,6 +46,24 @@ const char *qk_strerror(int err);
  * was set this way. Returns 0 or -EINVAL. Safe from any thread. */
 int qk_set_aio_backend(const char *name);
 
+/* qk_set_tunable - sets one of the engine's tuning knobs by NAME from a
+ * decimal VALUE, for event loops and files set up from now on; each also
+ * has an environment variable, which applies while the program has not
+ * set it this way:
+ *   uring-async-min (QCOWKIT_URING_ASYNC_MIN): reads of at least this many
+ *     bytes go to io_uring's kernel workers (default 131072; 0: never)
+ *   uring-async-min-write (QCOWKIT_URING_ASYNC_MIN_WRITE): buffered writes
+ *     of at least this many bytes go to writer threads (default 4096)
+ *   uring-writer (QCOWKIT_URING_WRITER): 0 sends buffered writes to
+ *     io_uring's workers instead of the writer threads (default 1)
+ *   uring-coop-taskrun (QCOWKIT_URING_COOP): 1 sets rings up with
+ *     IORING_SETUP_COOP_TASKRUN (default 0)
+ *   bulk-read-direct (QCOWKIT_BULK_READ_DIRECT): 0 keeps a mirror's bulk
+ *     reads of a page-cached file in the page cache (default 1)
+ * Returns 0, -ENOENT (no such knob) or -EINVAL (VALUE out of range). Safe
+ * from any thread. */
+int qk_set_tunable(const char *name, const char *value);
+
 typedef struct QkImage QkImage;
 
 /* Open flags. */

@@ -6,6 +6,7 @@
 #include "aio/backend.h"
 #include "aio/coroutine.h"
 #include "aio/uring_writer.h"
+#include "util/tunables.h"
 
 #include <errno.h>
 #include <liburing.h>
@@ -23,12 +24,9 @@
  * backend's writer threads (uring_writer.c), which copy them into the
  * page cache on the other CPU while the loop prepares the next requests;
  * if the kernel cannot post its results (no IORING_OP_MSG_RING) they go to
- * io_uring's workers instead (IOSQE_ASYNC). QCOWKIT_URING_ASYNC_MIN and
- * QCOWKIT_URING_ASYNC_MIN_WRITE override the two sizes (0: never), and
- * QCOWKIT_URING_WRITER=0 sends buffered writes to io_uring's workers, so
- * the trade-offs can be measured. */
-#define ASYNC_MIN_READ (128u << 10)
-#define ASYNC_MIN_WRITE 4096u
+ * io_uring's workers instead (IOSQE_ASYNC). The two sizes (128 KiB and
+ * 4 KiB by default), the writer threads and the ring's setup flags are
+ * tunables (util/tunables.h), so the trade-offs can be measured. */
 
 /* One writer thread per file written (by descriptor), so writes to
  * different files run side by side as before and one file's slow write
@@ -246,24 +244,19 @@ void *qk_uring_backend_new(QkAioBackend *ops, int *errno_out)
         *errno_out = ENOMEM;
         return NULL;
     }
-    int r = io_uring_queue_init(RING_ENTRIES, &u->ring, 0);
+    unsigned flags = qk_tunable(QK_TUNE_URING_COOP) ? IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG : 0;
+    int r = io_uring_queue_init(RING_ENTRIES, &u->ring, flags);
+    if (r == -EINVAL && flags) {
+        r = io_uring_queue_init(RING_ENTRIES, &u->ring, 0);
+    }
     if (r < 0) {
         *errno_out = -r;
         free(u);
         return NULL;
     }
-    u->async_min = ASYNC_MIN_READ;
-    const char *env = getenv("QCOWKIT_URING_ASYNC_MIN");
-    if (env && *env) {
-        u->async_min = (size_t)strtoull(env, NULL, 0);
-    }
-    u->async_min_write = ASYNC_MIN_WRITE;
-    env = getenv("QCOWKIT_URING_ASYNC_MIN_WRITE");
-    if (env && *env) {
-        u->async_min_write = (size_t)strtoull(env, NULL, 0);
-    }
-    env = getenv("QCOWKIT_URING_WRITER");
-    u->use_writer = u->async_min_write && !(env && strcmp(env, "0") == 0);
+    u->async_min = (size_t)qk_tunable(QK_TUNE_URING_ASYNC_MIN);
+    u->async_min_write = (size_t)qk_tunable(QK_TUNE_URING_ASYNC_MIN_WRITE);
+    u->use_writer = u->async_min_write && qk_tunable(QK_TUNE_URING_WRITER);
     ops->name = "io_uring";
     ops->queue = uring_queue;
     ops->submit = uring_submit;

@@ -1,10 +1,12 @@
 /*
  * The public API's process-wide calls: version, error strings and the
- * choice of I/O backend (qk_version, qk_strerror, qk_set_aio_backend).
+ * choice of I/O backend and the tuning knobs (qk_version, qk_strerror,
+ * qk_set_aio_backend, qk_set_tunable).
  */
 #include "qcowkit/qcowkit.h"
 #include "aio/loop.h"
 #include "util/error.h"
+#include "util/tunables.h"
 
 #include <errno.h>
 #include <string.h>
@@ -30,4 +32,9 @@ const char *qk_strerror(int err)
 int qk_set_aio_backend(const char *name)
 {
     return name ? qk_aio_set_backend_name(name) : -EINVAL;
+}
+
+int qk_set_tunable(const char *name, const char *value)
+{
+    return qk_tunable_set(name, value);
 }

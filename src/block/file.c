@@ -18,6 +18,7 @@
 #include "aio/aio.h"
 #include "block/inject.h"
 #include "util/checked.h"
+#include "util/tunables.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -194,14 +195,13 @@ static int coroutine_fn host_write_full(FileState *s, uint64_t off, QkIov *q)
 /* Bulk reads of a file opened through the page cache go through a second,
  * O_DIRECT descriptor when aligned to BULK_ALIGN (see QK_REQ_BULK_READ):
  * opened on first use; a file system that refuses O_DIRECT keeps the
- * buffered path, as does QCOWKIT_BULK_READ_DIRECT=0 (for measuring). */
+ * buffered path, as does the bulk-read-direct tunable set to 0. */
 #define BULK_ALIGN 4096u
 
 static int bulk_fd(QkBlock *bs, FileState *s)
 {
     if (s->bulk_fd == -1) {
-        const char *env = getenv("QCOWKIT_BULK_READ_DIRECT");
-        int fd = env && strcmp(env, "0") == 0 ? -1 : open(bs->filename, O_RDONLY | O_DIRECT | O_CLOEXEC);
+        int fd = qk_tunable(QK_TUNE_BULK_READ_DIRECT) ? open(bs->filename, O_RDONLY | O_DIRECT | O_CLOEXEC) : -1;
         struct stat a, b;
         /* The same file, not one renamed into its place meanwhile. */
         if (fd >= 0 && (fstat(fd, &a) < 0 || fstat(s->fd, &b) < 0 || a.st_ino != b.st_ino ||

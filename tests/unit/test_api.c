@@ -53,5 +53,26 @@ int main(void)
     QK_CHECK(qk_image_vmstate_reader_open(img, "s", NULL, &vsize, msg, sizeof(msg)) == NULL);
     QK_CHECK(strstr(msg, "internal snapshots") != NULL);
     qk_image_close(img);
+
+    /* Tuning knobs: names, ranges, and images still work with them set
+     * (each knob changes how I/O is issued, never what is read). */
+    QK_CHECK_EQ(qk_set_tunable("no-such-knob", "1"), -ENOENT);
+    QK_CHECK_EQ(qk_set_tunable("uring-writer", "2"), -EINVAL);
+    QK_CHECK_EQ(qk_set_tunable("uring-async-min", "-1"), -EINVAL);
+    QK_CHECK_EQ(qk_set_tunable("uring-async-min", "12k"), -EINVAL);
+    QK_CHECK_EQ(qk_set_tunable("uring-async-min", NULL), -EINVAL);
+    QK_CHECK_EQ(qk_set_tunable("uring-async-min", "0"), 0);
+    QK_CHECK_EQ(qk_set_tunable("uring-async-min-write", "0"), 0);
+    QK_CHECK_EQ(qk_set_tunable("uring-coop-taskrun", "1"), 0);
+    QK_CHECK_EQ(qk_set_tunable("bulk-read-direct", "0"), 0);
+    img = qk_image_open(path, "raw", QK_IMAGE_RDWR, msg, sizeof(msg));
+    QK_CHECK(img != NULL);
+    if (img) {
+        memset(buf, 0x77, sizeof(buf));
+        QK_CHECK_EQ(qk_image_pwrite(img, 4096, buf, sizeof(buf)), 0);
+        QK_CHECK_EQ(qk_image_pread(img, 4096, back, sizeof(back)), 0);
+        QK_CHECK(memcmp(buf, back, sizeof(buf)) == 0);
+        QK_CHECK_EQ(qk_image_close(img), 0);
+    }
     QK_TEST_DONE();
 }

@@ -1,0 +1,40 @@
+/*
+ * The library's tuning knobs, in one table: each has a name for
+ * qk_set_tunable(), an environment variable that sets it when the program
+ * did not, a default, and a line of documentation (printed in the ENVIRONMENT
+ * sections of qcowkit(1)). Read when an event loop or a file is set up, so
+ * a change applies to those made afterwards.
+ *
+ * Owns: the values set through the API, the lookup order API > env > default.
+ */
+#ifndef QK_UTIL_TUNABLES_H
+#define QK_UTIL_TUNABLES_H
+
+#include <stdint.h>
+
+typedef enum QkTunable {
+    QK_TUNE_URING_ASYNC_MIN,
+    QK_TUNE_URING_ASYNC_MIN_WRITE,
+    QK_TUNE_URING_WRITER,
+    QK_TUNE_URING_COOP,
+    QK_TUNE_BULK_READ_DIRECT,
+    QK_TUNE__COUNT,
+} QkTunable;
+
+typedef struct QkTunableInfo {
+    const char *name;  /* for qk_set_tunable */
+    const char *env;   /* QCOWKIT_... */
+    int64_t def;
+    int64_t max;       /* accepted values are 0..max */
+    const char *doc;
+} QkTunableInfo;
+
+/* The knob's value now. Safe from any thread. */
+int64_t qk_tunable(QkTunable t);
+/* Sets a knob by name from a decimal string: 0, -ENOENT (no such knob) or
+ * -EINVAL (not a number in range). */
+int qk_tunable_set(const char *name, const char *value);
+/* Its description (for the manual pages), t < QK_TUNE__COUNT. */
+const QkTunableInfo *qk_tunable_info(QkTunable t);
+
+#endif
