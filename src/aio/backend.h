@@ -22,6 +22,12 @@ typedef struct QkAioBackend {
     /* Blocks until a completion or timeout_ns (<0 forever) when this
      * backend is the only event source; NULL if it cannot. */
     void (*wait)(void *st, int64_t timeout_ns);
+    /* Pushes queued requests and blocks as wait does, in one system call
+     * where the backend can (else NULL): what the loop does when nothing
+     * is runnable, so a request a coroutine just queued costs one trip
+     * into the kernel rather than two. Waits only with something in
+     * flight; returns how many are in flight afterwards. */
+    unsigned (*submit_wait)(void *st, int64_t timeout_ns);
     void (*destroy)(void *st);
     int event_fd; /* readable in epoll when completions are ready */
 } QkAioBackend;

@@ -412,10 +412,47 @@ static void handle_epoll(QkLoop *loop, int timeout_ms)
     }
 }
 
+/* Nothing is runnable and the backend is the only event source: the
+ * requests queued in this iteration go in with the wait for completions,
+ * one system call (see QkAioBackend.submit_wait). The loop then blocks
+ * even when coroutines ran in this iteration, but only until a completion
+ * or a timer: one of those is what they wait for. */
+static bool try_submit_wait(QkLoop *loop)
+{
+    if (!loop->ops.submit_wait || loop->fd_waiters || loop->wake_head || loop->cb_head) {
+        return false;
+    }
+    unsigned bg_in_flight = 0;
+    if (loop->bg) {
+        bg_in_flight = loop->bg_ops.submit(loop->bg);
+        if (loop->bg_ops.reap(loop->bg)) {
+            return false;
+        }
+    }
+    if (bg_in_flight || loop->ops.reap(loop->backend) || loop->wake_head || loop->cb_head) {
+        return false;
+    }
+    int64_t timeout_ns = -1;
+    if (loop->timers) {
+        timeout_ns = loop->timers->deadline - qk_clock_ns();
+        if (timeout_ns <= 0) {
+            return false;
+        }
+    }
+    if (!loop->ops.submit_wait(loop->backend, timeout_ns)) {
+        return false; /* nothing in flight: it did not wait; the usual path blocks */
+    }
+    loop->ops.reap(loop->backend);
+    return true;
+}
+
 bool qk_loop_run_once(QkLoop *loop, bool blocking)
 {
     bool any = run_ready(loop);
     any |= run_timers(loop);
+    if (blocking && try_submit_wait(loop)) {
+        return true;
+    }
     unsigned in_flight = loop->ops.submit(loop->backend);
     if (loop->ops.reap(loop->backend)) {
         any = true;

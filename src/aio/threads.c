@@ -218,6 +218,7 @@ static void *threads_new(QkAioBackend *ops, int *errno_out, int nice, unsigned m
     ops->submit = threads_submit;
     ops->reap = threads_reap;
     ops->wait = NULL;
+    ops->submit_wait = NULL;
     ops->destroy = threads_destroy;
     ops->event_fd = t->efd;
     return t;

@@ -150,9 +150,8 @@ static void uring_queue(void *st, QkAioReq *req)
     }
 }
 
-static unsigned uring_submit(void *st)
+static void push_writers(Uring *u)
 {
-    Uring *u = st;
     for (unsigned i = 0; i < u->nwriters; i++) {
         WriterSlot *ws = &u->writers[i];
         if (ws->head) {
@@ -160,6 +159,12 @@ static unsigned uring_submit(void *st)
             ws->head = ws->tail = NULL;
         }
     }
+}
+
+static unsigned uring_submit(void *st)
+{
+    Uring *u = st;
+    push_writers(u);
     for (;;) {
         if (u->queued) {
             int r = io_uring_submit(&u->ring);
@@ -227,6 +232,36 @@ static void uring_wait(void *st, int64_t timeout_ns)
     }
 }
 
+static unsigned uring_submit_wait(void *st, int64_t timeout_ns)
+{
+    Uring *u = st;
+    if (!u->queued || u->overflow_head) {
+        /* Nothing new, or more than the ring holds: the plain path. */
+        unsigned n = uring_submit(st);
+        if (n) {
+            uring_wait(st, timeout_ns);
+        }
+        return n;
+    }
+    push_writers(u);
+    struct __kernel_timespec ts;
+    if (timeout_ns >= 0) {
+        ts.tv_sec = timeout_ns / 1000000000LL;
+        ts.tv_nsec = timeout_ns % 1000000000LL;
+    }
+    struct io_uring_cqe *cqe;
+    int r = io_uring_submit_and_wait_timeout(&u->ring, &cqe, 1, timeout_ns >= 0 ? &ts : NULL, NULL);
+    if (r < 0 && r != -ETIME && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
+        abort(); /* a broken ring is not recoverable */
+    }
+    /* The return value is the wait's when that failed; what the kernel
+     * took is what left the submission ring. */
+    unsigned left = io_uring_sq_ready(&u->ring);
+    u->in_flight += u->queued - left;
+    u->queued = left;
+    return u->in_flight + u->queued;
+}
+
 static void uring_destroy(void *st)
 {
     Uring *u = st;
@@ -262,6 +297,7 @@ void *qk_uring_backend_new(QkAioBackend *ops, int *errno_out)
     ops->submit = uring_submit;
     ops->reap = uring_reap;
     ops->wait = uring_wait;
+    ops->submit_wait = uring_submit_wait;
     ops->destroy = uring_destroy;
     ops->event_fd = u->ring.ring_fd;
     return u;
