@@ -8,6 +8,8 @@
 # can be bound by the file system's writeback for both servers alike; on
 # tmpfs the servers' own costs show.
 # Usage: bench/nbd.sh   (env: RUNTIME=10 REPS=3 SIZE=1G FORMAT=qcow2
+#                       CACHE=writeback|none (both servers; none: O_DIRECT,
+#                       qemu-nbd with --aio=native)
 #                       DIRS="/var/tmp /dev/shm"
 #                       QK_AIO=io_uring|threads to pick qcowkit's I/O backend)
 set -euo pipefail
@@ -17,6 +19,7 @@ RUNTIME=${RUNTIME:-10}
 REPS=${REPS:-3}
 SIZE=${SIZE:-1G}
 FORMAT=${FORMAT:-qcow2}
+CACHE=${CACHE:-writeback}
 QK=${QCOWKIT:-$top/build/tools/qcowkit}
 [ -x "$QK" ] || bash "$top/scripts/build.sh" >/dev/null
 fio --enghelp 2>/dev/null | grep -qw nbd || { echo "fio has no nbd engine" >&2; exit 1; }
@@ -39,9 +42,11 @@ start() { # qcowkit|qemu-nbd
   drop_caches
   rm -f "$sock"
   if [ "$1" = qcowkit ]; then
-    "$QK" ${QK_AIO:+--aio "$QK_AIO"} serve --socket "$sock" --export "name=b,file=$img,format=$FORMAT" &
+    "$QK" ${QK_AIO:+--aio "$QK_AIO"} serve --socket "$sock" --export "name=b,file=$img,format=$FORMAT,cache=$CACHE" &
   else
-    qemu-nbd -f "$FORMAT" -x b -k "$sock" -t "$img" &
+    local qopt=()
+    [ "$CACHE" = none ] && qopt=(--aio=native)
+    qemu-nbd -f "$FORMAT" -x b -k "$sock" -t --cache="$CACHE" "${qopt[@]}" "$img" &
   fi
   srv=$!
   for _ in $(seq 200); do [ -S "$sock" ] && return; sleep 0.05; done
@@ -81,7 +86,8 @@ def cell(v):
     return f"{int(statistics.median(v))} ({min(v)}-{max(v)})"
 import os
 aio = os.environ.get("QK_AIO") or "default (io_uring)"
-print(f"fio nbd engine, 4k, iodepth 32, {rt}s x {reps} per cell, {fmt} image of {size} in {where}, unix socket, qcowkit aio {aio}\n")
+cache = os.environ.get("CACHE") or "writeback"
+print(f"fio nbd engine, 4k, iodepth 32, {rt}s x {reps} per cell, {fmt} image of {size} in {where}, cache={cache}, unix socket, qcowkit aio {aio}\n")
 print("| workload | qcowkit serve IOPS | qemu-nbd IOPS | ratio |")
 print("|---|---|---|---|")
 for name, qk, qm in (("randread", vals[0], vals[1]), ("randwrite", vals[2], vals[3])):

@@ -21,7 +21,8 @@ static const QkTunableInfo table[QK_TUNE__COUNT] = {
         "0 sends buffered writes to io_uring's workers instead of the writer threads (for measuring)."},
     [QK_TUNE_URING_COOP] = {"uring-coop-taskrun", "QCOWKIT_URING_COOP", 0, 1,
         "1 sets up rings with IORING_SETUP_COOP_TASKRUN (completions run when the loop next enters the "
-        "kernel rather than by interrupting it; for measuring)."},
+        "kernel rather than by interrupting it). For measuring qcowkit bench: a loop that sleeps in epoll "
+        "(qcowkit serve) may then see completions late."},
     [QK_TUNE_BULK_READ_DIRECT] = {"bulk-read-direct", "QCOWKIT_BULK_READ_DIRECT", 1, 1,
         "0 keeps a mirror's bulk reads of a page-cached file in the page cache instead of reading "
         "them with O_DIRECT (for measuring)."},
