@@ -63,7 +63,7 @@ int coroutine_fn qcow2_flush_caches(Qcow2State *s)
 {
     bool rb_dirty = qcow2_cache_has_dirty(s->rb_cache);
     int r = qcow2_cache_flush(s->rb_cache);
-    if (r == 0 && rb_dirty && qcow2_cache_has_dirty(s->l2_cache) && !s->lazy_refcounts) {
+    if (r == 0 && rb_dirty && (qcow2_cache_has_dirty(s->l2_cache) || s->l1_dirty) && !s->lazy_refcounts) {
         r = qk_co_flush(s->bs->file);
     }
     if (r == 0) {
@@ -228,6 +228,9 @@ static int coroutine_fn qcow2_close(QkBlock *bs)
     if (!s->read_only) {
         qk_co_mutex_lock(&s->lock);
         r = qcow2_flush_caches(s);
+        if (r == 0) {
+            r = qcow2_fix_stale_copied(s);
+        }
         if (r == 0 && s->dirty_set_by_us) {
             r = qk_co_flush(bs->file);
             if (r == 0) {

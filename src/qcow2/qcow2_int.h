@@ -176,6 +176,8 @@ struct Qcow2State {
     uint32_t l1_size;
     uint64_t l1_offset;
     bool l1_dirty;              /* a rewrite of the active L1 failed; flush retries it */
+    bool copied_stale;          /* COPIED flags not yet recomputed after refcounts fell (a
+                                   failed write stopped it): safe, only more copying */
 
     uint64_t *rt;               /* refcount table, host order */
     uint64_t rt_size;           /* entries in memory */

@@ -219,8 +219,13 @@ static int coroutine_fn update_active_tree(Qcow2State *s, int delta)
          * loss could keep the flag on a cluster still counted twice. */
         r = sync_all(s);
         if (r < 0) {
+            /* The flags stay as they were (never COPIED on a shared
+             * cluster); the next snapshot operation or the close sets
+             * them once the refcounts are out. */
+            s->copied_stale = true;
             return r;
         }
+        s->copied_stale = false;
     }
     /* A walk that fails half way leaves some flags changed in memory. */
     bool was_dirty = s->l1_dirty;
@@ -285,6 +290,11 @@ static int coroutine_fn drop_copied_active(Qcow2State *s)
         }
     }
     return r;
+}
+
+int coroutine_fn qcow2_fix_stale_copied(Qcow2State *s)
+{
+    return s->copied_stale ? update_active_tree(s, 0) : 0;
 }
 
 static void begin(Qcow2State *s)
@@ -402,6 +412,9 @@ int coroutine_fn qcow2_co_snapshot_create(QkBlock *bs, const QkSnapshotInfo *inf
     }
     begin(s);
     r = qcow2_flush_caches(s);
+    if (r == 0) {
+        r = qcow2_fix_stale_copied(s);
+    }
     if (r < 0) {
         qk_error_set_errno(err, r, "Could not write metadata");
     } else {
@@ -484,6 +497,9 @@ static int coroutine_fn flush_and_read_table(Qcow2State *s, Qcow2Snapshot **tab,
                                              QkError *err)
 {
     int r = qcow2_flush_caches(s);
+    if (r == 0) {
+        r = qcow2_fix_stale_copied(s);
+    }
     if (r < 0) {
         return qk_error_set_errno(err, r, "Could not write metadata");
     }

@@ -75,6 +75,10 @@ int coroutine_fn qcow2_walk_l1(Qcow2State *s, uint64_t *l1, uint64_t n, int adde
  * clusters. s->lock held. */
 int coroutine_fn qcow2_drop_l1_tail(Qcow2State *s, uint64_t from);
 /* Writes the whole active L1 table in place; clears l1_dirty on success. */
+/* Recomputes the active tree's COPIED flags when a snapshot operation
+ * could not (copied_stale); called with the image quiescent (snapshot
+ * operations, close). */
+int coroutine_fn qcow2_fix_stale_copied(Qcow2State *s);
 int coroutine_fn qcow2_rewrite_active_l1(Qcow2State *s);
 
 /* vmstate.c */
