@@ -18,9 +18,9 @@
 /* Buffered reads io_uring can do without blocking run inside
  * io_uring_enter on the loop thread: a 1 MiB copy from the page cache holds
  * the loop (and every NBD request behind it) for a millisecond or more.
- * Reads (and O_DIRECT writes) from ASYNC_MIN_READ bytes on go straight to
- * the kernel's workers; below it running inline is cheaper than the
- * hand-off. Buffered writes from ASYNC_MIN_WRITE bytes on go to the
+ * Reads (and O_DIRECT writes) from async_min bytes on go straight to the
+ * kernel's workers; below it running inline is cheaper than the
+ * hand-off. Buffered writes from async_min_write bytes on go to the
  * backend's writer threads (uring_writer.c), which copy them into the
  * page cache on the other CPU while the loop prepares the next requests;
  * if the kernel cannot post its results (no IORING_OP_MSG_RING) they go to

@@ -28,10 +28,9 @@ static const QkTunableInfo table[QK_TUNE__COUNT] = {
         "them with O_DIRECT (for measuring)."},
 };
 
-/* INT64_MIN: not set through the API. */
-static _Atomic int64_t set_value[QK_TUNE__COUNT] = {
-    INT64_MIN, INT64_MIN, INT64_MIN, INT64_MIN, INT64_MIN,
-};
+/* The value set through the API plus one; 0: not set (so a knob added to
+ * the table needs no initializer here). Values are at most INT32_MAX. */
+static _Atomic int64_t set_value[QK_TUNE__COUNT];
 
 static bool parse(const QkTunableInfo *ti, const char *s, int64_t *out)
 {
@@ -48,8 +47,8 @@ static bool parse(const QkTunableInfo *ti, const char *s, int64_t *out)
 int64_t qk_tunable(QkTunable t)
 {
     int64_t v = atomic_load(&set_value[t]);
-    if (v != INT64_MIN) {
-        return v;
+    if (v) {
+        return v - 1;
     }
     const char *env = getenv(table[t].env);
     if (env && *env && parse(&table[t], env, &v)) {
@@ -66,7 +65,7 @@ int qk_tunable_set(const char *name, const char *value)
             if (!value || !parse(&table[t], value, &v)) {
                 return -EINVAL;
             }
-            atomic_store(&set_value[t], v);
+            atomic_store(&set_value[t], v + 1);
             return 0;
         }
     }
