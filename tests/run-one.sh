@@ -22,7 +22,7 @@ trap 'rm -rf "$d"' EXIT
 cd "$d"
 export TEST_DIR=$d
 case "$kind" in
-  unit) timeout 300 "$what" >"$d/log" 2>&1 ;;
+  unit) bash "$SRC_DIR/tests/timeout-bt.sh" 300 "$what" >"$d/log" 2>&1 ;;
   functional) timeout 600 bash "$what" >"$d/actual" 2>&1 ;;
   interop) timeout 900 bash "$what" >"$d/log" 2>&1 ;;
   crash) timeout 900 bash "$SRC_DIR/tests/crash/run.sh" --only "$what" "$@" >"$d/log" 2>&1 ;;
@@ -40,6 +40,6 @@ elif [ "$kind" = crash ]; then
   grep -E '^(PASS|FAIL) ' "$d/log"
   [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && tail -n 40 "$d/log"
 elif [ "$st" -ne 0 ] && [ "$st" -ne 77 ]; then
-  tail -n 40 "$d/log"
+  tail -n "$([ "$st" -eq 124 ] && echo 120 || echo 40)" "$d/log"
 fi
 exit "$st"

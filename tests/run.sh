@@ -55,9 +55,10 @@ unit_lane() { # builddir label out
       want "$name" || continue
       local d="$scratch/u.$2.$RANDOM$RANDOM"; mkdir -p "$d"
       local t0=$SECONDS
-      (cd "$d" && QCOWKIT_AIO="$backend" TEST_DIR="$d" timeout 300 "$bin" >"$d/log" 2>&1)
+      (cd "$d" && QCOWKIT_AIO="$backend" TEST_DIR="$d" bash "$top/tests/timeout-bt.sh" 300 "$bin" >"$d/log" 2>&1)
       local st=$?
-      [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && tail -n 30 "$d/log" >>"$out"
+      # A timed-out test's log ends with its backtraces: show them all.
+      [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && tail -n "$([ "$st" -eq 124 ] && echo 120 || echo 30)" "$d/log" >>"$out"
       echo "@@ $name $st $((SECONDS - t0))" >>"$out"
       rm -rf "$d"
     done
