@@ -309,62 +309,6 @@ static int coroutine_fn qcow2_block_status(QkBlock *bs, uint64_t off, uint64_t b
     return flags;
 }
 
-static int coroutine_fn qcow2_truncate(QkBlock *bs, uint64_t size, QkPrealloc prealloc, QkError *err)
-{
-    Qcow2State *s = qcow2_state(bs);
-    uint64_t old = bs->size;
-    if (size < old) {
-        return qk_error_set(err, -ENOTSUP, "qcow2 images cannot be shrunk yet");
-    }
-    if (size % 512) {
-        return qk_error_set(err, -EINVAL, "The new size must be a multiple of 512");
-    }
-    if (size > (1ULL << 62)) {
-        return qk_error_set(err, -EFBIG, "size too large");
-    }
-    qk_co_mutex_lock(&s->lock);
-    int r = qcow2_grow_l1(s, qcow2_l1_needed(s, size), err);
-    if (r == 0 && prealloc != QK_PREALLOC_OFF) {
-        r = qcow2_preallocate(s, old, size, prealloc, err);
-    }
-    if (r == 0) {
-        r = qcow2_flush_caches(s);
-        if (r < 0) {
-            qk_error_set_errno(err, r, "Could not write metadata");
-        }
-    }
-    if (r == 0) {
-        s->h.size = size;
-        r = qcow2_write_header_field(s, QCOW2_HOFF_SIZE, 8);
-        if (r < 0) {
-            s->h.size = old;
-            qk_error_set_errno(err, r, "Could not update the qcow2 header");
-        }
-    }
-    qk_co_mutex_unlock(&s->lock);
-    if (r < 0) {
-        return r;
-    }
-    bs->size = size;
-    /* The new area must read as zeros: data of a bigger backing file, or
-     * the old tail of the last cluster, must not show through. */
-    uint64_t zend = qk_align_up(old, s->cluster_size);
-    if (bs->backing) {
-        int64_t bl = qk_block_length(bs->backing);
-        if (bl > 0 && (uint64_t)bl > zend) {
-            zend = (uint64_t)bl;
-        }
-    }
-    zend = QK_MIN(zend, size);
-    if (zend > old && prealloc == QK_PREALLOC_OFF) {
-        r = qk_co_pwrite_zeroes(bs, old, zend - old, 0);
-        if (r < 0) {
-            return qk_error_set_errno(err, r, "Could not zero the new area");
-        }
-    }
-    return 0;
-}
-
 static void qcow2_get_info(QkBlock *bs, QkImageInfo *info)
 {
     Qcow2State *s = qcow2_state(bs);
@@ -392,7 +336,7 @@ const QkBlockDriver qk_drv_qcow2 = {
     .co_pdiscard = qcow2_co_pdiscard,
     .co_flush = qcow2_co_flush,
     .co_block_status = qcow2_block_status,
-    .co_truncate = qcow2_truncate,
+    .co_truncate = qcow2_co_truncate,
     .get_length = qcow2_get_length,
     .get_info = qcow2_get_info,
     .co_save_vmstate = qcow2_co_save_vmstate,

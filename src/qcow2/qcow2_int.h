@@ -270,6 +270,9 @@ int coroutine_fn qcow2_free_l2_entry(Qcow2State *s, uint64_t l2e);
 uint64_t qcow2_rb_get(const Qcow2State *s, const void *block, uint64_t i);
 void qcow2_rb_set(const Qcow2State *s, void *block, uint64_t i, uint64_t v);
 int coroutine_fn qcow2_write_rt_entry(Qcow2State *s, uint64_t ti);
+/* Unhooks refcount blocks that count nothing but themselves (after a
+ * shrink), so the file can end before them. */
+int coroutine_fn qcow2_drop_empty_refblocks(Qcow2State *s);
 /* Makes sure the host file reaches end (grows it ahead in big steps). */
 int coroutine_fn qcow2_ensure_file_size(Qcow2State *s, uint64_t end);
 
@@ -283,6 +286,14 @@ int coroutine_fn qcow2_write_l1_entry(Qcow2State *s, uint64_t i);
 int coroutine_fn qcow2_grow_l1(Qcow2State *s, uint64_t min_size, QkError *err);
 uint64_t qcow2_l1_needed(const Qcow2State *s, uint64_t size);
 void qcow2_compressed_range(const Qcow2State *s, uint64_t l2e, uint64_t *host, uint64_t *len);
+
+/* zero.c: clusters of [start, end) (cluster aligned) become unallocated,
+ * their host clusters freed: nothing of them shows, not even a backing
+ * file. For cutting off what lies past a new end of the image. */
+int coroutine_fn qcow2_unmap_clusters(Qcow2State *s, uint64_t start, uint64_t end);
+
+/* resize.c */
+int coroutine_fn qcow2_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc prealloc, QkError *err);
 
 /* deps.c: requests in flight and the dependencies between them */
 /* Registers a read or plain write (exclusive = false) or a zero write or

@@ -623,3 +623,61 @@ int coroutine_fn qcow2_free_l2_entry(Qcow2State *s, uint64_t l2e)
     }
     return qcow2_update_refcount(s, off, s->cluster_size, -1);
 }
+
+/* A refcount block that counts nothing but (perhaps) itself. */
+static int coroutine_fn block_is_empty(Qcow2State *s, uint64_t ti, bool *empty)
+{
+    uint64_t off = s->rt[ti] & QCOW2_REFT_OFFSET_MASK;
+    void *b;
+    int r = get_block(s, ti, &b);
+    if (r < 0) {
+        return r;
+    }
+    uint64_t self = off >> s->cluster_bits;
+    bool self_here = (self >> s->rb_bits) == ti;
+    *empty = true;
+    for (uint64_t i = 0; i <= rb_mask(s) && *empty; i++) {
+        uint64_t v = qcow2_rb_get(s, b, i);
+        *empty = v == 0 || (self_here && i == (self & rb_mask(s)) && v == 1);
+    }
+    qcow2_cache_put(s->rb_cache, &b);
+    return 0;
+}
+
+int coroutine_fn qcow2_drop_empty_refblocks(Qcow2State *s)
+{
+    int r = qcow2_cache_flush(s->rb_cache);
+    for (uint64_t ti = s->rt_size; r == 0 && ti-- > 1;) {
+        uint64_t off = s->rt[ti] & QCOW2_REFT_OFFSET_MASK;
+        if (!off || ti >= s->rt_disk_size) {
+            continue;
+        }
+        bool empty;
+        r = block_is_empty(s, ti, &empty);
+        if (r < 0 || !empty) {
+            continue;
+        }
+        /* Unhooked on disk first: until then it is a live block, after it
+         * a block that counts itself is free at once; one counted
+         * elsewhere is freed there once the table entry is durable (a
+         * crash in between leaks a cluster, never more). */
+        qcow2_cache_discard(s->rb_cache, off);
+        uint64_t old = s->rt[ti];
+        s->rt[ti] = 0;
+        r = qcow2_write_rt_entry(s, ti);
+        if (r == 0) {
+            r = qk_co_flush(s->bs->file);
+        }
+        if (r < 0) {
+            s->rt[ti] = old;
+            break;
+        }
+        uint64_t c = off >> s->cluster_bits;
+        if ((c >> s->rb_bits) != ti) {
+            r = qcow2_update_refcount(s, off, s->cluster_size, -1);
+        } else if (c < s->free_hint) {
+            s->free_hint = c;
+        }
+    }
+    return r;
+}

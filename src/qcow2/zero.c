@@ -18,7 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { MODE_ZERO, MODE_ZERO_UNMAP, MODE_DISCARD };
+/* MODE_CUT: the entry becomes unallocated (qcow2_unmap_clusters). */
+enum { MODE_ZERO, MODE_ZERO_UNMAP, MODE_DISCARD, MODE_CUT };
 
 /* Drops the reference the old L2 entry l2e held. On unmap or discard, a
  * host cluster nobody refers to any more is also given back to the host
@@ -46,8 +47,8 @@ static int coroutine_fn modify_table(Qcow2State *s, uint64_t c, uint64_t n, int 
     if (l1i >= s->l1_size) {
         return 0;
     }
-    if (!(s->l1[l1i] & QCOW2_L1E_OFFSET_MASK) && !bs->backing) {
-        return 0; /* nothing here and nothing below */
+    if (!(s->l1[l1i] & QCOW2_L1E_OFFSET_MASK) && (!bs->backing || mode == MODE_CUT)) {
+        return 0; /* nothing here and nothing below, or nothing to cut */
     }
     int r = qcow2_mark_dirty(s);
     void *t;
@@ -66,7 +67,11 @@ static int coroutine_fn modify_table(Qcow2State *s, uint64_t c, uint64_t n, int 
         bool has_host = compressed || host;
         uint64_t ne, nbm;
         bool free_old;
-        if (mode == MODE_DISCARD) {
+        if (mode == MODE_CUT) {
+            ne = 0;
+            nbm = 0;
+            free_old = has_host;
+        } else if (mode == MODE_DISCARD) {
             if (!bs->backing && !has_host) {
                 continue; /* already reads as zeros */
             }
@@ -306,4 +311,9 @@ int coroutine_fn qcow2_co_pdiscard(QkBlock *bs, uint64_t off, uint64_t bytes)
         return 0; /* discard is advisory */
     }
     return modify_range(s, start_al, end_al, MODE_DISCARD);
+}
+
+int coroutine_fn qcow2_unmap_clusters(Qcow2State *s, uint64_t start, uint64_t end)
+{
+    return start < end ? modify_range(s, start, end, MODE_CUT) : 0;
 }

@@ -1,0 +1,202 @@
+/*
+ * Changing a qcow2 image's virtual size (qemu-img resize). Owns the order
+ * of the steps and what happens to the area past the old or new end; the
+ * L1 growth, the dropping of L2 subtrees and the cluster freeing they use
+ * live with the tables they change (map.c, snapshot.c, zero.c).
+ *
+ * Both directions first cut off everything past the end being kept:
+ * clusters past it inside the last L2 table become unallocated and the L1
+ * entries past it are dropped (with their L2 tables and data). Shrinking
+ * needs that to lose the data; growing needs it so that the new area
+ * cannot show VM state or data left past the old end. The crash order is
+ * the usual one: references go (L2 entries, then L1 entries, written and
+ * flushed) before the refcounts they held drop; the new size is written
+ * last when shrinking (a crash before leaves the old size with a cut
+ * tail), after the new L1 when growing.
+ */
+#include "qcow2/qcow2_int.h"
+#include "qcow2/snapshot_int.h"
+
+#include <errno.h>
+
+/* Everything past `end` (rounded up to a cluster) stops being allocated.
+ * May yield; takes s->lock itself for the L2 part, needs it held for the
+ * L1 part: call without it, it returns with it held. */
+static int coroutine_fn cut_tail(Qcow2State *s, uint64_t end)
+{
+    uint64_t keep_l1 = qcow2_l1_needed(s, end);
+    uint64_t table_bytes = s->cluster_size << s->l2_bits;
+    uint64_t cut_end = QK_MIN(keep_l1, (uint64_t)s->l1_size) * table_bytes;
+    int r = qcow2_unmap_clusters(s, qk_align_up(end, s->cluster_size), cut_end);
+    qk_co_mutex_lock(&s->lock);
+    if (r == 0) {
+        r = qcow2_drop_l1_tail(s, keep_l1);
+    }
+    return r;
+}
+
+/* Gives the file's tail of unused clusters back to the host, as QEMU does
+ * after a shrink. Refcounts and references are made durable first: the
+ * file must never end before a cluster the disk still says is in use. */
+static int coroutine_fn trim_file(Qcow2State *s)
+{
+    int r = qcow2_flush_caches(s);
+    if (r == 0) {
+        r = qk_co_flush(s->bs->file);
+    }
+    if (r == 0) {
+        r = qcow2_drop_empty_refblocks(s);
+    }
+    if (r == 0) {
+        r = qcow2_flush_caches(s);
+    }
+    if (r == 0) {
+        r = qk_co_flush(s->bs->file);
+    }
+    if (r < 0) {
+        return r;
+    }
+    int64_t flen = qk_block_length(s->bs->file);
+    if (flen < 0) {
+        return (int)flen;
+    }
+    uint64_t c = qk_align_up(QK_MAX((uint64_t)flen, s->host_end), s->cluster_size) >> s->cluster_bits;
+    while (c > 1) {
+        uint64_t rc;
+        r = qcow2_get_refcount(s, c - 1, &rc);
+        if (r < 0) {
+            return r;
+        }
+        if (rc) {
+            break;
+        }
+        c--;
+    }
+    uint64_t end = c << s->cluster_bits;
+    if (end >= (uint64_t)flen) {
+        return 0;
+    }
+    QkError err = {0};
+    r = qk_co_truncate(s->bs->file, end, QK_PREALLOC_OFF, &err);
+    if (r == 0) {
+        s->file_size = end;
+        s->host_end = end;
+        s->written_end = QK_MIN(s->written_end, end);
+        s->file_grown = false;
+    }
+    return r;
+}
+
+static int coroutine_fn write_size(Qcow2State *s, uint64_t size)
+{
+    uint64_t old = s->h.size;
+    s->h.size = size;
+    int r = qcow2_write_header_field(s, QCOW2_HOFF_SIZE, 8);
+    if (r == 0) {
+        r = qk_co_flush(s->bs->file);
+    }
+    if (r < 0) {
+        s->h.size = old;
+    }
+    return r;
+}
+
+static int coroutine_fn shrink(Qcow2State *s, uint64_t size, QkError *err)
+{
+    int r = cut_tail(s, size);
+    if (r == 0) {
+        r = qcow2_flush_caches(s);
+    }
+    if (r == 0) {
+        r = qk_co_flush(s->bs->file);
+    }
+    if (r == 0) {
+        r = write_size(s, size);
+    }
+    if (r < 0) {
+        qk_co_mutex_unlock(&s->lock);
+        return qk_error_set_errno(err, r, "Could not shrink the image");
+    }
+    /* The shrink is done: a file left longer than needed only wastes
+     * space (unreferenced clusters), so a failure here is not reported. */
+    trim_file(s);
+    qk_co_mutex_unlock(&s->lock);
+    s->bs->size = size;
+    return 0;
+}
+
+static int coroutine_fn grow(Qcow2State *s, uint64_t old, uint64_t size, QkPrealloc prealloc, QkError *err)
+{
+    QkBlock *bs = s->bs;
+    int r = cut_tail(s, old);
+    if (r < 0) {
+        qk_co_mutex_unlock(&s->lock);
+        return qk_error_set_errno(err, r, "Could not clear the area past the old end");
+    }
+    r = qcow2_grow_l1(s, qcow2_l1_needed(s, size), err);
+    if (r == 0 && prealloc != QK_PREALLOC_OFF) {
+        r = qcow2_preallocate(s, old, size, prealloc, err);
+    }
+    if (r == 0) {
+        r = qcow2_flush_caches(s);
+        if (r < 0) {
+            qk_error_set_errno(err, r, "Could not write metadata");
+        }
+    }
+    if (r == 0) {
+        r = write_size(s, size);
+        if (r < 0) {
+            qk_error_set_errno(err, r, "Could not update the qcow2 header");
+        }
+    }
+    qk_co_mutex_unlock(&s->lock);
+    if (r < 0) {
+        return r;
+    }
+    bs->size = size;
+    /* The new area must read as zeros: data of a bigger backing file, or
+     * the old tail of the last cluster, must not show through. */
+    uint64_t zend = qk_align_up(old, s->cluster_size);
+    if (bs->backing) {
+        int64_t bl = qk_block_length(bs->backing);
+        if (bl > 0 && (uint64_t)bl > zend) {
+            zend = (uint64_t)bl;
+        }
+    }
+    zend = QK_MIN(zend, size);
+    if (zend > old && prealloc == QK_PREALLOC_OFF) {
+        r = qk_co_pwrite_zeroes(bs, old, zend - old, 0);
+        if (r < 0) {
+            return qk_error_set_errno(err, r, "Could not zero the new area");
+        }
+    }
+    return 0;
+}
+
+int coroutine_fn qcow2_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc prealloc, QkError *err)
+{
+    Qcow2State *s = qcow2_state(bs);
+    uint64_t old = bs->size;
+    if (size % 512) {
+        return qk_error_set(err, -EINVAL, "The new size must be a multiple of 512");
+    }
+    if (size > (1ULL << 62)) {
+        return qk_error_set(err, -EFBIG, "size too large");
+    }
+    if (s->h.nb_snapshots && !qcow2_is_v3(s)) {
+        return qk_error_set(err, -ENOTSUP, "Can't resize a v2 image which has snapshots");
+    }
+    if (s->h.incompatible_features & QCOW2_INCOMPAT_DATA_FILE) {
+        return qk_error_set(err, -ENOTSUP, "Resizing images with an external data file is not supported");
+    }
+    if (size < old) {
+        if (prealloc != QK_PREALLOC_OFF) {
+            return qk_error_set(err, -EINVAL, "Preallocation can't be used for shrinking an image");
+        }
+        return shrink(s, size, err);
+    }
+    if (size == old && prealloc == QK_PREALLOC_OFF) {
+        return 0;
+    }
+    return grow(s, old, size, prealloc, err);
+}
