@@ -31,6 +31,7 @@ extern const QkCommand qk_cmd_serve;
 extern const QkCommand qk_cmd_ctl;
 extern const QkCommand qk_cmd_mirror;
 extern const QkCommand qk_cmd_snapshot;
+extern const QkCommand qk_cmd_resize;
 
 /* Shared helpers for commands (tools/common.c). */
 /* Prints "qcowkit: <msg>" to stderr. */

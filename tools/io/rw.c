@@ -281,6 +281,23 @@ static int coroutine_fn flush_f(QkIo *io, int argc, char **argv)
     return ret;
 }
 
+/* As qemu-io's: any new size, smaller ones included (no --shrink here). */
+static int coroutine_fn truncate_f(QkIo *io, int argc, char **argv)
+{
+    (void)argc;
+    int64_t size = qk_io_cvtnum(argv[1]);
+    if (size < 0) {
+        printf("non-numeric truncate argument -- %s\n", argv[1]);
+        return -EINVAL;
+    }
+    QkError err = {0};
+    int ret = qk_co_truncate(io->bs, (uint64_t)size, QK_PREALLOC_OFF, &err);
+    if (ret < 0) {
+        printf("truncate: %s\n", err.msg[0] ? err.msg : strerror(-ret));
+    }
+    return ret;
+}
+
 const QkIoCmd qk_io_rw_cmds[] = {
     {"read", "r", 2, -1, "[-qv] [-P pattern] off len",
      "reads a number of bytes at a specified offset", read_f},
@@ -294,5 +311,6 @@ const QkIoCmd qk_io_rw_cmds[] = {
     {"discard", "d", 2, -1, "[-q] off len", "discards a number of bytes at a specified offset",
      discard_f},
     {"flush", "f", 0, 0, "", "flush all in-core file state to disk", flush_f},
+    {"truncate", NULL, 1, 1, "off", "truncates the current file at the given offset", truncate_f},
     {NULL, NULL, 0, 0, NULL, NULL, NULL},
 };
