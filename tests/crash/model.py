@@ -17,7 +17,8 @@ import bisect
 
 
 class Op:
-    """One guest operation. kind: write, zero, discard, snap_create,
+    """One guest operation. kind: write, zero, discard, cut (shrink to off
+    and grow back: [off, off+length) becomes zeros), snap_create,
     snap_apply, snap_delete. For data ops, pattern is the byte written
     (0 for zero); a snapshot op carries its snapshot name."""
 
@@ -74,7 +75,7 @@ class Image:
     def apply(self, op, snaps):
         if op.kind == "write":
             self.set(op.off, op.length, op.pattern, False)
-        elif op.kind == "zero":
+        elif op.kind in ("zero", "cut"):
             self.set(op.off, op.length, 0, False)
         elif op.kind == "discard":
             self.discard(op.off, op.length)
@@ -127,7 +128,7 @@ def allowed_ranges(image, pending, snaps_before):
             si = snaps_before[op.name][0]
             snap_imgs.append(si)
             cuts.update(si.boundaries())
-        elif op.kind in ("write", "zero", "discard"):
+        elif op.kind in ("write", "zero", "discard", "cut"):
             cuts.add(op.off)
             cuts.add(op.off + op.length)
     cuts = sorted(c for c in cuts if c <= image.size)
@@ -139,7 +140,7 @@ def allowed_ranges(image, pending, snaps_before):
         if z:
             vals.add(0)
         for op in pending:
-            if op.kind in ("write", "zero", "discard") and op.off <= a < op.off + op.length:
+            if op.kind in ("write", "zero", "discard", "cut") and op.off <= a < op.off + op.length:
                 vals.add(op.pattern if op.kind == "write" else 0)
         for si in snap_imgs:
             sv, sz = si.at(a)

@@ -45,7 +45,10 @@ def settle(runner, hist, epoch):
     ops = hist.ops[epoch + 1] if epoch + 1 < len(hist.ops) else []
     cmds, fixed = [], []
     for op in ops:
-        if op.kind in ("write", "zero", "discard"):
+        if op.kind == "cut":
+            # Killed after the shrink: the image is small until grown back.
+            cmds.insert(0, "truncate %d" % img.size)
+        if op.kind in ("write", "zero", "discard", "cut"):
             fixed.append(Op("write", op.off, op.length, 0xEE))
             cmds.append("write -q -P %d %d %d" % (0xEE, op.off, op.length))
     for op in fixed:

@@ -3,7 +3,9 @@ operations, and running them through `qcowkit io` / `qcowkit snapshot`.
 
 An io epoch is 1..max_ops operations on disjoint byte ranges (aio writes
 with a pattern, zero writes with and without unmap, discards, sometimes a
-synchronous or FUA write), then `aio_flush`, `flush` and `mark epoch N`.
+synchronous or FUA write), or alone a cut (the image shrunk by `truncate`
+and grown back: its tail reads as zeros), then `aio_flush`, `flush` and
+`mark epoch N`.
 Offsets mostly fall in a small moving window of clusters so that later
 operations land in clusters earlier ones allocated, zeroed or discarded;
 the rest go anywhere, which grows the image (new L2 tables, refcount
@@ -118,6 +120,10 @@ class Generator:
             # Alone in its epoch, so the crash points around it have few
             # pending writes and every subset of them gets checked.
             return self.queued.pop(0)
+        if self.rng.random() < 0.05:
+            # The image shrunk (its tail cut off) and grown back: alone too.
+            new = self.rng.randrange(self.cfg.size * 3 // 4, self.cfg.size, 512)
+            return [Op("cut", new, self.cfg.size - new)]
         ops = []
         for _ in range(self.rng.randint(1, self.cfg.max_ops)):
             k = self.rng.random()
@@ -191,7 +197,13 @@ def io_commands(op):
 
 
 def epoch_script(ops, n):
-    return [io_commands(op) for op in ops] + ["aio_flush", "flush", "mark epoch %d" % n]
+    lines = []
+    for op in ops:
+        if op.kind == "cut":
+            lines += ["truncate %d" % op.off, "truncate %d" % (op.off + op.length)]
+        else:
+            lines.append(io_commands(op))
+    return lines + ["aio_flush", "flush", "mark epoch %d" % n]
 
 
 class Runner:
