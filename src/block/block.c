@@ -687,6 +687,18 @@ int coroutine_fn qk_co_block_status_above(QkBlock *bs, uint64_t off, uint64_t by
     return QK_BS_ZERO;
 }
 
+int coroutine_fn qk_co_make_empty(QkBlock *bs)
+{
+    if (bs->read_only) {
+        return -EACCES;
+    }
+    if (!bs->drv->co_make_empty) {
+        return -ENOTSUP;
+    }
+    qk_co_drain(bs);
+    return bs->drv->co_make_empty(bs);
+}
+
 int coroutine_fn qk_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc prealloc, QkError *err)
 {
     if (bs->read_only) {

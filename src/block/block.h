@@ -157,6 +157,9 @@ struct QkBlockDriver {
                                          QkError *err);
     int coroutine_fn (*co_snapshot_delete)(QkBlock *bs, const char *id, const char *name, QkError *err);
     int coroutine_fn (*co_vmstate_discard)(QkBlock *bs, QkError *err);
+    /* Drops everything this layer holds, so the backing file shows
+     * through everywhere (after commit); NULL: the format cannot. */
+    int coroutine_fn (*co_make_empty)(QkBlock *bs);
 };
 
 struct QkBlock {
@@ -261,6 +264,8 @@ int coroutine_fn qk_co_block_status(QkBlock *bs, uint64_t off, uint64_t bytes, u
 int coroutine_fn qk_co_block_status_above(QkBlock *bs, uint64_t off, uint64_t bytes,
                                           uint64_t *pnum, int *depth);
 int coroutine_fn qk_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc prealloc, QkError *err);
+/* See QkBlockDriver.co_make_empty; -ENOTSUP when the format cannot. */
+int coroutine_fn qk_co_make_empty(QkBlock *bs);
 int64_t qk_block_length(QkBlock *bs);
 
 /* In-flight accounting for work that is not a request (e.g. VM-state

@@ -346,4 +346,5 @@ const QkBlockDriver qk_drv_qcow2 = {
     .co_snapshot_goto = qcow2_co_snapshot_goto,
     .co_snapshot_delete = qcow2_co_snapshot_delete,
     .co_vmstate_discard = qcow2_co_vmstate_discard,
+    .co_make_empty = qcow2_co_make_empty,
 };

@@ -294,6 +294,7 @@ int coroutine_fn qcow2_unmap_clusters(Qcow2State *s, uint64_t start, uint64_t en
 
 /* resize.c */
 int coroutine_fn qcow2_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc prealloc, QkError *err);
+int coroutine_fn qcow2_co_make_empty(QkBlock *bs);
 
 /* deps.c: requests in flight and the dependencies between them */
 /* Registers a read or plain write (exclusive = false) or a zero write or

@@ -1,5 +1,6 @@
 /*
- * Changing a qcow2 image's virtual size (qemu-img resize). Owns the order
+ * Changing a qcow2 image's virtual size (qemu-img resize), and emptying
+ * an image (after commit), which is the same cut. Owns the order
  * of the steps and what happens to the area past the old or new end; the
  * L1 growth, the dropping of L2 subtrees and the cluster freeing they use
  * live with the tables they change (map.c, snapshot.c, zero.c).
@@ -199,4 +200,17 @@ int coroutine_fn qcow2_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc preall
         return 0;
     }
     return grow(s, old, size, prealloc, err);
+}
+
+int coroutine_fn qcow2_co_make_empty(QkBlock *bs)
+{
+    Qcow2State *s = qcow2_state(bs);
+    /* The same cut as a shrink to size 0, without changing the size: every
+     * entry unallocated, every L2 table dropped. */
+    int r = cut_tail(s, 0);
+    if (r == 0) {
+        r = qcow2_flush_caches(s);
+    }
+    qk_co_mutex_unlock(&s->lock);
+    return r;
 }

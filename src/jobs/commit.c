@@ -1,0 +1,131 @@
+/*
+ * Commit: copies what the layers of an image above a base hold into the
+ * base (qemu-img commit). Only ranges some layer above the base has
+ * allocated are read (block status across the chain); zero ranges become
+ * zero writes; the copy runs as several coroutines, each taking the next
+ * slice of the image. The base is flushed before the caller may empty the
+ * top (its data must be durable in the base before the top lets go).
+ *
+ * Owns the copy loop and its progress count; opening the images and
+ * emptying the top are the caller's.
+ */
+#include "jobs/commit.h"
+#include "aio/co_sync.h"
+#include "aio/coroutine.h"
+#include "util/checked.h"
+#include "util/iov.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+#define SLICE (4u << 20)
+#define MAX_IO (1u << 20)
+
+typedef struct CommitRun {
+    QkBlock *top, *base;
+    int base_depth;
+    uint64_t size;
+    uint64_t next;      /* first byte no worker has taken yet */
+    uint64_t done;
+    int ret;
+    int running;
+    QkCoQueue finished; /* the caller, until running is 0 */
+    QkCommitProgress *progress;
+    void *opaque;
+} CommitRun;
+
+/* Copies [off, off+len), where some layer above the base has data. */
+static int coroutine_fn copy_range(CommitRun *c, uint64_t off, uint64_t len, void *buf)
+{
+    while (len) {
+        uint64_t n;
+        int depth = 0;
+        int st = qk_co_block_status_above(c->top, off, QK_MIN(len, (uint64_t)MAX_IO), &n, &depth);
+        if (st < 0) {
+            return st;
+        }
+        if (n == 0) {
+            return -EIO;
+        }
+        int r = 0;
+        if ((st & QK_BS_ALLOCATED) && depth < c->base_depth) {
+            if ((st & QK_BS_ZERO) && !(st & QK_BS_DATA)) {
+                r = qk_co_pwrite_zeroes(c->base, off, n, 0);
+            } else {
+                r = qk_co_pread(c->top, off, n, buf, 0);
+                if (r == 0) {
+                    r = qk_co_pwrite(c->base, off, n, buf, 0);
+                }
+            }
+        }
+        if (r < 0) {
+            return r;
+        }
+        off += n;
+        len -= n;
+        c->done += n;
+        if (c->progress) {
+            c->progress(c->done, c->size, c->opaque);
+        }
+    }
+    return 0;
+}
+
+static void coroutine_fn worker(void *opaque)
+{
+    CommitRun *c = opaque;
+    void *buf = qk_aligned_alloc(QK_MAX(4096u, c->top->mem_alignment), MAX_IO);
+    if (!buf) {
+        c->ret = c->ret ? c->ret : -ENOMEM;
+    }
+    while (buf && c->ret == 0 && c->next < c->size) {
+        uint64_t off = c->next;
+        uint64_t len = QK_MIN((uint64_t)SLICE, c->size - off);
+        c->next += len;
+        int r = copy_range(c, off, len, buf);
+        if (r < 0 && c->ret == 0) {
+            c->ret = r;
+        }
+    }
+    free(buf);
+    if (--c->running == 0) {
+        qk_co_queue_wake_all(&c->finished);
+    }
+}
+
+int coroutine_fn qk_co_commit_copy(QkBlock *top, int base_depth, QkBlock *base, int workers,
+                                   QkCommitProgress *progress, void *opaque)
+{
+    int64_t size = qk_block_length(top);
+    int64_t bsize = qk_block_length(base);
+    if (size < 0) {
+        return (int)size;
+    }
+    if (bsize < 0) {
+        return (int)bsize;
+    }
+    CommitRun c = {
+        .top = top, .base = base, .base_depth = base_depth, .size = (uint64_t)size,
+        .progress = progress, .opaque = opaque,
+    };
+    /* A base smaller than the top grows to take all of it, as QEMU does. */
+    if (bsize < size) {
+        QkError err = {0};
+        int r = qk_co_truncate(base, (uint64_t)size, QK_PREALLOC_OFF, &err);
+        if (r < 0) {
+            return r;
+        }
+    }
+    workers = QK_MAX(1, QK_MIN(workers, 64));
+    c.running = workers;
+    for (int i = 0; i < workers; i++) {
+        qk_coroutine_enter(qk_coroutine_create(worker, &c));
+    }
+    while (c.running) {
+        qk_co_queue_wait(&c.finished);
+    }
+    if (c.ret == 0) {
+        c.ret = qk_co_flush(base);
+    }
+    return c.ret;
+}
