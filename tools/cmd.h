@@ -32,6 +32,7 @@ extern const QkCommand qk_cmd_ctl;
 extern const QkCommand qk_cmd_mirror;
 extern const QkCommand qk_cmd_snapshot;
 extern const QkCommand qk_cmd_resize;
+extern const QkCommand qk_cmd_commit;
 
 /* Shared helpers for commands (tools/common.c). */
 /* Prints "qcowkit: <msg>" to stderr. */
@@ -46,10 +47,13 @@ int qk_tool_parse_output(const char *cmd, const char *arg, bool *json);
 void qk_tool_print_json(json_t *j);
 /* Opens an image; on failure err holds the reason. */
 QkBlock *qk_tool_open(const char *filename, const char *fmt, int flags, QkError *err);
+/* Closes an image a command wrote: a failed close (its last flush) turns
+ * exit status 0 into 1 with qemu-img's "Could not write the image"; a
+ * success prints `done` ("Image resized.") unless quiet. Returns the exit
+ * status. bs may be NULL. */
+int qk_tool_close_written(QkBlock *bs, int status, bool quiet, const char *done);
 /* Prints qemu-img's "Format specific information:" block (qcow2 only). */
 void qk_tool_print_format_specific(const QkImageInfo *info);
-/* A backing file name as recorded in `image`, made usable from the current
- * directory (relative names are relative to the image). Caller frees. */
 /* The snapshot table as qemu-img prints it (tools/snapshot_list.c):
  * "Snapshot list:" and the table (nothing when n is 0), or the JSON array. */
 void qk_tool_print_snapshots(const QkSnapshotInfo *l, int n);

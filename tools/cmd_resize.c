@@ -191,16 +191,8 @@ static int run_resize(int argc, char **argv)
         goto out;
     }
     ret = 0;
-out:;
-    int cr = qk_block_close(bs);
-    if (ret == 0 && cr < 0) {
-        qk_tool_error("Could not write the image: %s", strerror(-cr));
-        ret = 1;
-    }
-    if (ret == 0 && !quiet) {
-        printf("Image resized.\n");
-    }
-    return ret;
+out:
+    return qk_tool_close_written(bs, ret, quiet, "Image resized.");
 }
 
 const QkCommand qk_cmd_resize = {

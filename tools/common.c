@@ -75,6 +75,19 @@ QkBlock *qk_tool_open(const char *filename, const char *fmt, int flags, QkError 
     return qk_block_open(filename, &o, err);
 }
 
+int qk_tool_close_written(QkBlock *bs, int status, bool quiet, const char *done)
+{
+    int r = bs ? qk_block_close(bs) : 0;
+    if (status == 0 && r < 0) {
+        qk_tool_error("Could not write the image: %s", strerror(-r));
+        status = 1;
+    }
+    if (status == 0 && !quiet) {
+        printf("%s\n", done);
+    }
+    return status;
+}
+
 void qk_tool_print_format_specific(const QkImageInfo *info)
 {
     if (info->qcow2_version == 0) {

@@ -1,0 +1,173 @@
+/*
+ * qcowkit commit: writes what an image holds above its base into the base
+ * (qemu-img commit): into its backing file, then empties the image unless
+ * -d; or with -b into a deeper image of its chain (the image is then left
+ * as it is, as with qemu-img). Same messages and exit codes.
+ *
+ * Owns argument handling, finding the base and the order of the steps
+ * (copy, base flushed, only then the top emptied); the copy is
+ * jobs/commit.c's.
+ */
+#include "cmd.h"
+#include "aio/loop.h"
+#include "jobs/commit.h"
+#include "util/progress.h"
+
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static const char *const usage_text =
+    "Usage: qcowkit commit [-q] [-f FMT] [-t CACHE] [-b BASE] [-d] [-p] FILE\n"
+    "\n"
+    "Commits the changes recorded in FILE into its backing file, then empties\n"
+    "FILE (unless -d). With -b, commits FILE and every image between it and\n"
+    "BASE into BASE, leaving them as they are (-d implied).\n"
+    "  -f FMT     format of FILE (default: probed)\n"
+    "  -t CACHE   none, writeback (default), writethrough, directsync, unsafe\n"
+    "  -b BASE    an image of FILE's backing chain to commit into\n"
+    "  -d         do not empty FILE afterwards\n"
+    "  -p         show progress on stderr\n"
+    "  -q         quiet: do not print \"Image committed.\"\n";
+
+typedef struct CommitCmd {
+    QkBlock *top, *base;
+    int depth;
+    bool drop;
+    QkProgress progress;
+    const char *what;
+    int ret;
+} CommitCmd;
+
+static void on_progress(uint64_t done, uint64_t total, void *opaque)
+{
+    CommitCmd *c = opaque;
+    qk_progress_update(&c->progress, done, total);
+}
+
+static void coroutine_fn commit_co(void *opaque)
+{
+    CommitCmd *c = opaque;
+    c->what = "Block job failed";
+    c->ret = qk_co_commit_copy(c->top, c->depth, c->base, 8, on_progress, c);
+    if (c->ret == 0 && c->drop) {
+        /* The base's copy is durable (flushed above) before the top lets go. */
+        c->what = "Could not empty the image";
+        c->ret = qk_co_make_empty(c->top);
+    }
+}
+
+static bool same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+static int run_commit(int argc, char **argv)
+{
+    const char *fmt = NULL, *cache = NULL, *base_name = NULL;
+    bool quiet = false, keep = false, progress = false;
+    static const struct option longopts[] = {
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    optind = 1;
+    int opt;
+    while ((opt = getopt_long(argc, argv, ":f:t:b:dpqh", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'f':
+            fmt = optarg;
+            break;
+        case 't':
+            cache = optarg;
+            break;
+        case 'b':
+            base_name = optarg;
+            break;
+        case 'd':
+            keep = true;
+            break;
+        case 'p':
+            progress = true;
+            break;
+        case 'q':
+            quiet = true;
+            break;
+        case 'h':
+            fputs(usage_text, stdout);
+            return 0;
+        case ':':
+            return qk_tool_bad_usage("commit", "option requires an argument -- '%c'", optopt);
+        default:
+            return qk_tool_bad_usage("commit", "unrecognized option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind != argc - 1) {
+        return qk_tool_bad_usage("commit", "Expecting one image file name");
+    }
+    const char *filename = argv[optind];
+    int flags = QK_OPEN_RDWR;
+    if (cache && qk_cache_mode_parse(cache, &flags) < 0) {
+        qk_tool_error("Invalid cache option: %s", cache);
+        return 1;
+    }
+    QkError err = {0};
+    CommitCmd c = {.drop = !keep && !base_name};
+    c.top = qk_tool_open(filename, fmt, flags, &err);
+    if (!c.top) {
+        qk_tool_error("Could not open '%s': %s", filename, err.msg);
+        return 1;
+    }
+    int ret = 1;
+    QkBlock *b = c.top->backing;
+    if (!b) {
+        qk_tool_error("Image does not have a backing file");
+        goto out;
+    }
+    c.depth = 1;
+    if (base_name) {
+        while (b && !same_file(b->filename, base_name)) {
+            b = b->backing;
+            c.depth++;
+        }
+        if (!b) {
+            qk_tool_error("Did not find '%s' in the backing chain of '%s'", base_name, filename);
+            goto out;
+        }
+    }
+    /* The chain holds the base read-only: the copy writes through a
+     * read-write node of its own. The chain's node never reads what the
+     * copy writes (only ranges held above the base are read). */
+    QkOpenOptions bo = {.flags = (flags | QK_OPEN_RDWR | QK_OPEN_NO_BACKING), .format = b->drv->format_name};
+    c.base = qk_block_open(b->filename, &bo, &err);
+    if (!c.base) {
+        qk_tool_error("Could not open '%s': %s", b->filename, err.msg);
+        goto out;
+    }
+    qk_progress_init(&c.progress, stderr, progress && !quiet);
+    qk_progress_update(&c.progress, 0, 1);
+    qk_co_run(commit_co, &c);
+    if (c.ret == 0) {
+        qk_progress_finish(&c.progress);
+    }
+    int cr = qk_block_close(c.base);
+    if (c.ret == 0 && cr < 0) {
+        c.ret = cr;
+        c.what = "Could not write the base image";
+    }
+    if (c.ret < 0) {
+        qk_tool_error("%s: %s", c.what, strerror(-c.ret));
+        goto out;
+    }
+    ret = 0;
+out:
+    return qk_tool_close_written(c.top, ret, quiet, "Image committed.");
+}
+
+const QkCommand qk_cmd_commit = {
+    .name = "commit",
+    .summary = "commit an image's changes into its backing file",
+    .usage = usage_text,
+    .run = run_commit,
+};
