@@ -15,30 +15,11 @@ Usage: resize.py QCOWKIT WORKDIR
 import json
 import os
 import shutil
-import subprocess
 import sys
 
+from twin import bad, finish, new_case, run, sh
+
 QK, WORK = sys.argv[1], sys.argv[2]
-failures = 0
-cases = 0
-
-
-def run(cmd):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return p.returncode, p.stdout, p.stderr
-
-
-def sh(cmd):
-    rc, out, err = run(cmd)
-    if rc != 0:
-        raise RuntimeError("%s: %s%s" % (" ".join(cmd), out, err))
-    return out
-
-
-def bad(name, msg):
-    global failures
-    failures += 1
-    print("FAIL %s: %s" % (name, msg))
 
 
 def vsize(path, fmt):
@@ -102,8 +83,7 @@ def compare(name, fmt, a, b, what):
 
 
 def case(name, fmt, size, args, copts="", writes=(), backing=None, snaps=0, regrow="+64M"):
-    global cases
-    cases += 1
+    new_case()
     os.chdir(WORK)
     img = "i." + fmt
     try:
@@ -201,5 +181,4 @@ case("raw grow", "raw", 8 * M, ["-f", "raw", "IMG", "+3M"], writes=data[:2] + da
 case("raw shrink", "raw", 8 * M, ["-f", "raw", "--shrink", "IMG", "5000001"], writes=data[:2] + data[3:])
 case("raw shrink refused", "raw", 8 * M, ["-f", "raw", "IMG", "1M"], writes=data[:2] + data[3:])
 
-print("%d cases, %d failures" % (cases, failures))
-sys.exit(1 if failures else 0)
+finish()
