@@ -49,6 +49,10 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}:halt_on_error=1
 # as "skipped": make every finding exit 1. A hang is an input running over
 # -timeout seconds.
 common=(-error_exitcode=1 -timeout_exitcode=1 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1)
+# Long runs share a busy machine for hours: a unit stalled 10 s there once
+# while its replay took 0.15 s, and a timeout ends the run. 30 s still
+# catches a hang.
+long_timeout=(-timeout=30)
 
 failed=0
 for t in "${args[@]}"; do
@@ -71,7 +75,7 @@ for t in "${args[@]}"; do
     # The CPU the fuzzer got (the machine may be shared): bash's time
     # keyword, written into the log.
     TIMEFORMAT="cpu: %U s user, %S s sys, %R s wall"
-    { time "$bin" "${opts[@]}" -max_total_time="$seconds" -artifact_prefix="$crashes/" \
+    { time "$bin" "${opts[@]}" "${long_timeout[@]}" -max_total_time="$seconds" -artifact_prefix="$crashes/" \
         "$work" "$seeds" >"$log" 2>&1; } 2>>"$log.time"
     st=$?
     cat "$log.time" >>"$log" && rm -f "$log.time"
