@@ -12,6 +12,7 @@
 #include "aio/loop.h"
 #include "jobs/commit.h"
 #include "util/progress.h"
+#include "util/size.h"
 
 #include <getopt.h>
 #include <stdlib.h>
@@ -19,7 +20,7 @@
 #include <sys/stat.h>
 
 static const char *const usage_text =
-    "Usage: qcowkit commit [-q] [-f FMT] [-t CACHE] [-b BASE] [-d] [-p] FILE\n"
+    "Usage: qcowkit commit [-q] [-f FMT] [-t CACHE] [-b BASE] [-r RATE] [-d] [-p] FILE\n"
     "\n"
     "Commits the changes recorded in FILE into its backing file, then empties\n"
     "FILE (unless -d). With -b, commits FILE and every image between it and\n"
@@ -27,6 +28,7 @@ static const char *const usage_text =
     "  -f FMT     format of FILE (default: probed)\n"
     "  -t CACHE   none, writeback (default), writethrough, directsync, unsafe\n"
     "  -b BASE    an image of FILE's backing chain to commit into\n"
+    "  -r RATE    copy at most RATE bytes per second (64M: 64 MiB/s)\n"
     "  -d         do not empty FILE afterwards\n"
     "  -p         show progress on stderr\n"
     "  -q         quiet: do not print \"Image committed.\"\n";
@@ -35,6 +37,7 @@ typedef struct CommitCmd {
     QkBlock *top, *base;
     int depth;
     bool drop;
+    uint64_t rate;
     QkProgress progress;
     const char *what;
     int ret;
@@ -50,7 +53,8 @@ static void coroutine_fn commit_co(void *opaque)
 {
     CommitCmd *c = opaque;
     c->what = "Block job failed";
-    c->ret = qk_co_commit_copy(c->top, c->depth, c->base, 8, on_progress, c);
+    QkCommitOptions o = {.workers = 8, .rate = c->rate, .progress = on_progress, .opaque = c};
+    c->ret = qk_co_commit_copy(c->top, c->depth, c->base, &o);
     if (c->ret == 0 && c->drop) {
         /* The base's copy is durable (flushed above) before the top lets go. */
         c->what = "Could not empty the image";
@@ -68,13 +72,14 @@ static int run_commit(int argc, char **argv)
 {
     const char *fmt = NULL, *cache = NULL, *base_name = NULL;
     bool quiet = false, keep = false, progress = false;
+    uint64_t rate = 0;
     static const struct option longopts[] = {
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     optind = 1;
     int opt;
-    while ((opt = getopt_long(argc, argv, ":f:t:b:dpqh", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, ":f:t:b:r:dpqh", longopts, NULL)) != -1) {
         switch (opt) {
         case 'f':
             fmt = optarg;
@@ -84,6 +89,13 @@ static int run_commit(int argc, char **argv)
             break;
         case 'b':
             base_name = optarg;
+            break;
+        case 'r':
+            if (qk_parse_size(optarg, &rate) < 0) {
+                qk_tool_error("Invalid rate limit specified. You may use k, M, G, T, P or E suffixes for");
+                qk_tool_error("kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.");
+                return 1;
+            }
             break;
         case 'd':
             keep = true;
@@ -113,7 +125,7 @@ static int run_commit(int argc, char **argv)
         return 1;
     }
     QkError err = {0};
-    CommitCmd c = {.drop = !keep && !base_name};
+    CommitCmd c = {.drop = !keep && !base_name, .rate = rate};
     c.top = qk_tool_open(filename, fmt, flags, &err);
     if (!c.top) {
         qk_tool_error("Could not open '%s': %s", filename, err.msg);

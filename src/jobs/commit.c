@@ -12,8 +12,10 @@
 #include "jobs/commit.h"
 #include "aio/co_sync.h"
 #include "aio/coroutine.h"
+#include "aio/loop.h"
 #include "util/checked.h"
 #include "util/iov.h"
+#include "util/ratelimit.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -30,9 +32,23 @@ typedef struct CommitRun {
     int ret;
     int running;
     QkCoQueue finished; /* the caller, until running is 0 */
-    QkCommitProgress *progress;
-    void *opaque;
+    QkRateLimit limit;
+    const QkCommitOptions *opts;
 } CommitRun;
+
+/* With -r, waits until n more bytes may be copied (every worker charges
+ * the one bucket, so the rate is the whole copy's). */
+static void coroutine_fn throttle(CommitRun *c, uint64_t n)
+{
+    if (!c->opts->rate) {
+        return;
+    }
+    int64_t d;
+    while ((d = qk_ratelimit_delay(&c->limit, qk_clock_ns())) > 0) {
+        qk_co_sleep_ns(d);
+    }
+    qk_ratelimit_charge(&c->limit, n, qk_clock_ns());
+}
 
 /* Copies [off, off+len), where some layer above the base has data. */
 static int coroutine_fn copy_range(CommitRun *c, uint64_t off, uint64_t len, void *buf)
@@ -49,6 +65,7 @@ static int coroutine_fn copy_range(CommitRun *c, uint64_t off, uint64_t len, voi
         }
         int r = 0;
         if ((st & QK_BS_ALLOCATED) && depth < c->base_depth) {
+            throttle(c, n);
             if ((st & QK_BS_ZERO) && !(st & QK_BS_DATA)) {
                 r = qk_co_pwrite_zeroes(c->base, off, n, 0);
             } else {
@@ -64,8 +81,8 @@ static int coroutine_fn copy_range(CommitRun *c, uint64_t off, uint64_t len, voi
         off += n;
         len -= n;
         c->done += n;
-        if (c->progress) {
-            c->progress(c->done, c->size, c->opaque);
+        if (c->opts->progress) {
+            c->opts->progress(c->done, c->size, c->opts->opaque);
         }
     }
     return 0;
@@ -93,8 +110,8 @@ static void coroutine_fn worker(void *opaque)
     }
 }
 
-int coroutine_fn qk_co_commit_copy(QkBlock *top, int base_depth, QkBlock *base, int workers,
-                                   QkCommitProgress *progress, void *opaque)
+int coroutine_fn qk_co_commit_copy(QkBlock *top, int base_depth, QkBlock *base,
+                                   const QkCommitOptions *opts)
 {
     int64_t size = qk_block_length(top);
     int64_t bsize = qk_block_length(base);
@@ -106,8 +123,10 @@ int coroutine_fn qk_co_commit_copy(QkBlock *top, int base_depth, QkBlock *base, 
     }
     CommitRun c = {
         .top = top, .base = base, .base_depth = base_depth, .size = (uint64_t)size,
-        .progress = progress, .opaque = opaque,
+        .opts = opts,
     };
+    /* Little burst credit: a limit should hold from the start. */
+    qk_ratelimit_init(&c.limit, opts->rate, 100 * 1000 * 1000);
     /* A base smaller than the top grows to take all of it, as QEMU does. */
     if (bsize < size) {
         QkError err = {0};
@@ -116,7 +135,7 @@ int coroutine_fn qk_co_commit_copy(QkBlock *top, int base_depth, QkBlock *base, 
             return r;
         }
     }
-    workers = QK_MAX(1, QK_MIN(workers, 64));
+    int workers = QK_MAX(1, QK_MIN(opts->workers, 64));
     c.running = workers;
     for (int i = 0; i < workers; i++) {
         qk_coroutine_enter(qk_coroutine_create(worker, &c));

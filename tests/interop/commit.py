@@ -117,5 +117,8 @@ case("top larger than its base", [
 case("raw base", [
     ("b.raw", "raw", 8 * M, "", base_data), ("t.qcow2", "qcow2", 8 * M, "", top_data)], ["t.qcow2"])
 case("-f raw on a qcow2 top", three, ["-f", "raw", "t.qcow2"])
+two = [("b.qcow2", "qcow2", 8 * M, "", base_data), ("t.qcow2", "qcow2", 8 * M, "", top_data)]
+for r in ("0", "64M", "abc", "-5"):
+    case("-r %s" % r, two, ["-r", r, "t.qcow2"])
 
 finish()
