@@ -699,6 +699,18 @@ int coroutine_fn qk_co_make_empty(QkBlock *bs)
     return bs->drv->co_make_empty(bs);
 }
 
+int coroutine_fn qk_co_change_backing(QkBlock *bs, const char *name, const char *fmt, QkError *err)
+{
+    if (bs->read_only) {
+        return qk_error_set(err, -EACCES, "the image is read-only");
+    }
+    if (!bs->drv->co_change_backing) {
+        return qk_error_set(err, -ENOTSUP, "Operation not supported");
+    }
+    qk_co_drain(bs);
+    return bs->drv->co_change_backing(bs, name, fmt, err);
+}
+
 int coroutine_fn qk_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc prealloc, QkError *err)
 {
     if (bs->read_only) {

@@ -160,6 +160,9 @@ struct QkBlockDriver {
     /* Drops everything this layer holds, so the backing file shows
      * through everywhere (after commit); NULL: the format cannot. */
     int coroutine_fn (*co_make_empty)(QkBlock *bs);
+    /* Records another backing file (name NULL: none) and its format in
+     * the image, durably; the open chain stays as it was. */
+    int coroutine_fn (*co_change_backing)(QkBlock *bs, const char *name, const char *fmt, QkError *err);
 };
 
 struct QkBlock {
@@ -266,6 +269,9 @@ int coroutine_fn qk_co_block_status_above(QkBlock *bs, uint64_t off, uint64_t by
 int coroutine_fn qk_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc prealloc, QkError *err);
 /* See QkBlockDriver.co_make_empty; -ENOTSUP when the format cannot. */
 int coroutine_fn qk_co_make_empty(QkBlock *bs);
+/* See QkBlockDriver.co_change_backing; -ENOTSUP when the format has no
+ * backing file. Waits for requests in flight first. */
+int coroutine_fn qk_co_change_backing(QkBlock *bs, const char *name, const char *fmt, QkError *err);
 int64_t qk_block_length(QkBlock *bs);
 
 /* In-flight accounting for work that is not a request (e.g. VM-state

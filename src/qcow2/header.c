@@ -2,10 +2,13 @@
  * The qcow2 header: reading it, validating every field before anything
  * trusts it, parsing header extensions (kept verbatim, unknown ones too),
  * in-place updates of single fields (so unknown extensions and trailing
- * header bytes are never rewritten), and building a header for create.
+ * header bytes are never rewritten), building a header for create, and
+ * changing the backing file (rebase), the one update that must rewrite
+ * the extension area: it keeps every other extension verbatim.
  */
 #include "qcow2/qcow2_int.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -439,4 +442,130 @@ int qcow2_build_header(const Qcow2Header *hin, const char *backing, const char *
     qcow2_header_to_be(&h, hb);
     memcpy(buf, hb, h.version >= 3 ? QCOW2_HEADER_WRITE_LEN : QCOW2_HEADER_V2_LEN);
     return 0;
+}
+
+/* Lays out the extension area from `pos` on: the backing format (new),
+ * every other extension as read (unknown ones too), the end marker, then
+ * the backing file name. -ENOSPC when it does not fit in cluster 0. */
+static int layout_backing(Qcow2State *s, uint8_t *c0, size_t pos, const char *name, const char *fmt)
+{
+    size_t len = s->cluster_size;
+    memset(c0 + pos, 0, len - pos);
+    int bad = 0;
+    if (fmt) {
+        bad |= put_ext(c0, len, &pos, QCOW2_EXT_BACKING_FORMAT, fmt, (uint32_t)strlen(fmt));
+    }
+    for (Qcow2Ext *e = s->exts; e; e = e->next) {
+        if (e->type != QCOW2_EXT_BACKING_FORMAT) {
+            bad |= put_ext(c0, len, &pos, e->type, e->data, e->len);
+        }
+    }
+    bad |= put_ext(c0, len, &pos, QCOW2_EXT_END, NULL, 0);
+    size_t nl = name ? strlen(name) : 0;
+    if (bad || pos + nl > len) {
+        return -ENOSPC;
+    }
+    qk_be64_put(c0 + 8, nl ? pos : 0);
+    qk_be32_put(c0 + 16, (uint32_t)nl);
+    if (nl) {
+        /* Not memcpy(..., NULL, 0): the compiler may then assume name is
+         * never NULL and drop the caller's checks of it. */
+        memcpy(c0 + pos, name, nl);
+    }
+    return 0;
+}
+
+/* Replaces the backing format extension of the in-memory list (kept in
+ * step with what was written, for a later rewrite). */
+static int set_fmt_ext(Qcow2State *s, const char *fmt)
+{
+    Qcow2Ext **pp = &s->exts;
+    while (*pp) {
+        Qcow2Ext *e = *pp;
+        if (e->type == QCOW2_EXT_BACKING_FORMAT) {
+            *pp = e->next;
+            free(e->data);
+            free(e);
+        } else {
+            pp = &e->next;
+        }
+    }
+    if (!fmt) {
+        return 0;
+    }
+    Qcow2Ext *e = calloc(1, sizeof(*e));
+    if (!e || !(e->data = (uint8_t *)strdup(fmt))) {
+        free(e);
+        return -ENOMEM;
+    }
+    e->type = QCOW2_EXT_BACKING_FORMAT;
+    e->len = (uint32_t)strlen(fmt);
+    e->next = s->exts;
+    s->exts = e;
+    return 0;
+}
+
+int coroutine_fn qcow2_co_change_backing(QkBlock *bs, const char *name, const char *fmt, QkError *err)
+{
+    Qcow2State *s = qcow2_state(bs);
+    if (s->read_only) {
+        return qk_error_set(err, -EACCES, "the image is read-only");
+    }
+    if (name && strlen(name) > QCOW2_MAX_BACKING_NAME) {
+        return qk_error_set(err, -EINVAL, "backing file name too long");
+    }
+    if (!name) {
+        fmt = NULL;
+    }
+    uint8_t *c0 = qk_aligned_alloc(QK_MAX(4096u, bs->file->mem_alignment), s->cluster_size);
+    if (!c0) {
+        return qk_error_set(err, -ENOMEM, "out of memory");
+    }
+    qk_co_mutex_lock(&s->lock);
+    /* The header fields and any bytes past the ones this version knows
+     * (up to header_length) are taken from the file as they are. */
+    int r = qk_co_pread(bs->file, 0, s->cluster_size, c0, QK_REQ_KIND(QK_IO_HEADER));
+    size_t pos = qcow2_is_v3(s) ? s->h.header_length : QCOW2_HEADER_V2_LEN;
+    if (r == 0) {
+        r = layout_backing(s, c0, pos, name, fmt);
+        if (r < 0) {
+            qk_error_set_errno(err, r, "the header extensions and backing file name do not fit in the first cluster");
+        }
+    } else {
+        qk_error_set_errno(err, r, "Could not read the header");
+    }
+    /* One write of the header cluster, as QEMU makes it: whatever it
+     * points to (the backing file's data, copied by a safe rebase) was
+     * flushed by the caller first. */
+    if (r == 0) {
+        r = qk_co_pwrite(bs->file, 0, s->cluster_size, c0, QK_REQ_KIND(QK_IO_HEADER));
+        if (r < 0) {
+            qk_error_set_errno(err, r, "Could not write the header");
+        }
+    }
+    if (r == 0) {
+        r = qk_co_flush(bs->file);
+        if (r < 0) {
+            qk_error_set_errno(err, r, "Could not flush the header");
+        }
+    }
+    if (r == 0) {
+        s->h.backing_file_offset = qk_be64_get(c0 + 8);
+        s->h.backing_file_size = qk_be32_get(c0 + 16);
+        char *n = name ? strdup(name) : NULL, *f = fmt ? strdup(fmt) : NULL;
+        if ((name && !n) || (fmt && !f) || set_fmt_ext(s, fmt) < 0) {
+            /* On disk it is done; only the in-memory copy is stale. */
+            free(n);
+            free(f);
+            r = qk_error_set(err, -ENOMEM, "out of memory");
+        } else {
+            free(bs->backing_file);
+            free(bs->backing_format);
+            bs->backing_file = n;
+            bs->backing_format = f;
+        }
+    }
+    qk_co_mutex_unlock(&s->lock);
+    free(c0);
+    return r;
 }

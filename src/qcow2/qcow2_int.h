@@ -224,6 +224,10 @@ int qcow2_parse_extensions(Qcow2State *s, const uint8_t *cluster0, char **backin
 void qcow2_free_extensions(Qcow2State *s);
 int coroutine_fn qcow2_write_header_field(Qcow2State *s, unsigned off, unsigned len);
 int coroutine_fn qcow2_set_incompat(Qcow2State *s, uint64_t incompat);
+/* Records name (NULL: none) and fmt as the backing file in cluster 0,
+ * keeping every other extension; flushed before it returns. The open
+ * chain (bs->backing) is not switched. */
+int coroutine_fn qcow2_co_change_backing(QkBlock *bs, const char *name, const char *fmt, QkError *err);
 /* Serialises a fresh header cluster for create. */
 int qcow2_build_header(const Qcow2Header *h, const char *backing, const char *backing_fmt,
                        uint8_t *buf, size_t buflen, QkError *err);
