@@ -10,7 +10,7 @@
  * emptying the top are the caller's.
  */
 #include "jobs/commit.h"
-#include "aio/co_sync.h"
+#include "jobs/slices.h"
 #include "aio/coroutine.h"
 #include "aio/loop.h"
 #include "util/checked.h"
@@ -27,11 +27,8 @@ typedef struct CommitRun {
     QkBlock *top, *base;
     int base_depth;
     uint64_t size;
-    uint64_t next;      /* first byte no worker has taken yet */
     uint64_t done;
     int ret;
-    int running;
-    QkCoQueue finished; /* the caller, until running is 0 */
     QkRateLimit limit;
     const QkCommitOptions *opts;
 } CommitRun;
@@ -88,26 +85,9 @@ static int coroutine_fn copy_range(CommitRun *c, uint64_t off, uint64_t len, voi
     return 0;
 }
 
-static void coroutine_fn worker(void *opaque)
+static int coroutine_fn copy_slice(void *opaque, uint64_t off, uint64_t len, void *buf)
 {
-    CommitRun *c = opaque;
-    void *buf = qk_aligned_alloc(QK_MAX(4096u, c->top->mem_alignment), MAX_IO);
-    if (!buf) {
-        c->ret = c->ret ? c->ret : -ENOMEM;
-    }
-    while (buf && c->ret == 0 && c->next < c->size) {
-        uint64_t off = c->next;
-        uint64_t len = QK_MIN((uint64_t)SLICE, c->size - off);
-        c->next += len;
-        int r = copy_range(c, off, len, buf);
-        if (r < 0 && c->ret == 0) {
-            c->ret = r;
-        }
-    }
-    free(buf);
-    if (--c->running == 0) {
-        qk_co_queue_wake_all(&c->finished);
-    }
+    return copy_range(opaque, off, len, buf);
 }
 
 int coroutine_fn qk_co_commit_copy(QkBlock *top, int base_depth, QkBlock *base,
@@ -135,14 +115,8 @@ int coroutine_fn qk_co_commit_copy(QkBlock *top, int base_depth, QkBlock *base,
             return r;
         }
     }
-    int workers = QK_MAX(1, QK_MIN(opts->workers, 64));
-    c.running = workers;
-    for (int i = 0; i < workers; i++) {
-        qk_coroutine_enter(qk_coroutine_create(worker, &c));
-    }
-    while (c.running) {
-        qk_co_queue_wait(&c.finished);
-    }
+    c.ret = qk_co_run_slices(c.size, SLICE, opts->workers, MAX_IO, QK_MAX(4096u, top->mem_alignment),
+                             copy_slice, &c);
     if (c.ret == 0) {
         c.ret = qk_co_flush(base);
     }
