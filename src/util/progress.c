@@ -41,7 +41,9 @@ void qk_progress_finish(QkProgress *p)
     if (!p->enabled) {
         return;
     }
-    show(p, 10000);
+    if (p->last_shown != 10000) {
+        show(p, 10000);
+    }
     fputc('\n', p->out);
     fflush(p->out);
 }
