@@ -33,6 +33,7 @@ extern const QkCommand qk_cmd_mirror;
 extern const QkCommand qk_cmd_snapshot;
 extern const QkCommand qk_cmd_resize;
 extern const QkCommand qk_cmd_commit;
+extern const QkCommand qk_cmd_rebase;
 
 /* Shared helpers for commands (tools/common.c). */
 /* Prints "qcowkit: <msg>" to stderr. */

@@ -1,0 +1,226 @@
+/*
+ * qcowkit rebase: moves an image onto another backing file (qemu-img
+ * rebase). Safe mode first writes into the image every range whose
+ * content would change with the new backing file (jobs/rebase.c), flushes
+ * it, and only then records the new backing file; -u only records it.
+ * Same flags, messages and exit codes as qemu-img.
+ *
+ * One deliberate difference: on an image that has no backing file yet,
+ * safe mode keeps the guest's view (what the image does not hold reads as
+ * zeros before and must afterwards), where qemu-img only writes the header
+ * and lets the new backing file show through.
+ *
+ * Owns argument handling, opening the images and the order of the steps;
+ * every check that can fail runs before the first write.
+ */
+#include "cmd.h"
+#include "aio/loop.h"
+#include "jobs/rebase.h"
+#include "util/progress.h"
+
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static const char *const usage_text =
+    "Usage: qcowkit rebase [-q] [-f FMT] [-t CACHE] [-T SRC_CACHE] [-p] [-u] -b BACKING [-F BACKING_FMT] FILE\n"
+    "\n"
+    "Changes the backing file of FILE to BACKING (\"\" for none). Unless -u,\n"
+    "every range whose content would change is first copied into FILE, so the\n"
+    "guest sees the same data afterwards. BACKING is relative to FILE's\n"
+    "directory, as it is recorded.\n"
+    "  -f FMT        format of FILE (default: probed)\n"
+    "  -t CACHE      cache mode for FILE: none, writeback (default), writethrough,\n"
+    "                directsync, unsafe\n"
+    "  -T SRC_CACHE  cache mode for the backing files (default: writeback)\n"
+    "  -b BACKING    the new backing file\n"
+    "  -F FMT        its format (required with a backing file)\n"
+    "  -u            unsafe: only change the name in the header (the old and the\n"
+    "                new backing file need not exist)\n"
+    "  -p            show progress on stderr\n"
+    "  -q            quiet\n";
+
+typedef struct RebaseCmd {
+    QkBlock *top, *nb;
+    const char *backing, *backing_fmt;
+    bool unsafe;
+    QkProgress progress;
+    QkError err;
+    bool copied;        /* the copy succeeded: a failure is the header's */
+    int ret;
+} RebaseCmd;
+
+static void on_progress(uint64_t done, uint64_t total, void *opaque)
+{
+    RebaseCmd *c = opaque;
+    qk_progress_update(&c->progress, done, total);
+}
+
+static void coroutine_fn rebase_co(void *opaque)
+{
+    RebaseCmd *c = opaque;
+    if (!c->unsafe) {
+        QkRebaseOptions o = {.workers = 8, .progress = on_progress, .opaque = c};
+        c->ret = qk_co_rebase_copy(c->top, c->nb, &o);
+        if (c->ret < 0) {
+            return;
+        }
+    }
+    c->copied = true;
+    /* The data copied is flushed: the header may point elsewhere now. */
+    const char *name = c->backing[0] ? c->backing : NULL;
+    c->ret = qk_co_change_backing(c->top, name, name ? c->backing_fmt : NULL, &c->err);
+}
+
+static bool same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+static int change_error(const RebaseCmd *c, const char *msg)
+{
+    qk_tool_error("Could not change the backing file to '%s': %s", c->backing, msg);
+    return 1;
+}
+
+static int run_rebase(int argc, char **argv)
+{
+    const char *fmt = NULL, *cache = NULL, *src_cache = NULL;
+    bool quiet = false, progress = false;
+    RebaseCmd c = {0};
+    static const struct option longopts[] = {
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    optind = 1;
+    int opt;
+    while ((opt = getopt_long(argc, argv, ":f:t:T:b:F:upqh", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'f':
+            fmt = optarg;
+            break;
+        case 't':
+            cache = optarg;
+            break;
+        case 'T':
+            src_cache = optarg;
+            break;
+        case 'b':
+            c.backing = optarg;
+            break;
+        case 'F':
+            c.backing_fmt = optarg;
+            break;
+        case 'u':
+            c.unsafe = true;
+            break;
+        case 'p':
+            progress = true;
+            break;
+        case 'q':
+            quiet = true;
+            break;
+        case 'h':
+            fputs(usage_text, stdout);
+            return 0;
+        case ':':
+            return qk_tool_bad_usage("rebase", "option requires an argument -- '%c'", optopt);
+        default:
+            return qk_tool_bad_usage("rebase", "unrecognized option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind != argc - 1) {
+        return qk_tool_bad_usage("rebase", "Expecting one image file name");
+    }
+    const char *filename = argv[optind];
+    if (!c.unsafe && !c.backing) {
+        qk_tool_error("Must specify backing file (-b) or use unsafe mode (-u)");
+        fprintf(stderr, "Try '%s --help' for more information\n", qk_progname);
+        return 1;
+    }
+    int flags = QK_OPEN_RDWR, src_flags = 0;
+    if (cache && qk_cache_mode_parse(cache, &flags) < 0) {
+        qk_tool_error("Invalid cache option: %s", cache);
+        return 1;
+    }
+    if (src_cache && qk_cache_mode_parse(src_cache, &src_flags) < 0) {
+        qk_tool_error("Invalid source cache option: %s", src_cache);
+        return 1;
+    }
+    if (c.backing_fmt && !qk_block_find_driver(c.backing_fmt)) {
+        qk_tool_error("Invalid format name: '%s'", c.backing_fmt);
+        return 1;
+    }
+    if (c.unsafe) {
+        flags |= QK_OPEN_NO_BACKING;
+    }
+    if (!c.backing) {
+        c.backing = "";
+    }
+    int ret = 1;
+    c.top = qk_tool_open(filename, fmt, flags, &c.err);
+    if (!c.top) {
+        qk_tool_error("Could not open '%s': %s", filename, c.err.msg);
+        return 1;
+    }
+    /* Everything that can refuse refuses here, before any write. */
+    if (!c.top->drv->co_change_backing) {
+        change_error(&c, "Operation not supported");
+        goto out;
+    }
+    if (c.backing[0] && !c.backing_fmt) {
+        change_error(&c, "backing format must be specified");
+        goto out;
+    }
+    char *path = c.backing[0] ? qk_block_backing_path(filename, c.backing) : NULL;
+    if (c.backing[0] && !path) {
+        change_error(&c, "out of memory");
+        goto out;
+    }
+    if (path && !c.unsafe) {
+        QkOpenOptions o = {.flags = src_flags, .format = c.backing_fmt};
+        QkError e = {0};
+        c.nb = qk_block_open(path, &o, &e);
+        if (!c.nb) {
+            qk_tool_error("Could not open new backing file '%s': %s", path, e.msg);
+            free(path);
+            goto out;
+        }
+    }
+    /* An image must not end up in its own backing chain: every later
+     * open would fail (and a safe rebase would compare it with itself). */
+    bool loops = path && same_file(path, c.top->file ? c.top->file->filename : filename);
+    for (QkBlock *b = c.nb; b && !loops; b = b->backing) {
+        loops = b->file && c.top->file && same_file(b->file->filename, c.top->file->filename);
+    }
+    free(path);
+    if (loops) {
+        change_error(&c, "the image would be in its own backing chain");
+        goto out;
+    }
+    qk_progress_init(&c.progress, stderr, progress && !quiet);
+    qk_progress_update(&c.progress, 0, 1);
+    qk_co_run(rebase_co, &c);
+    if (c.ret == 0) {
+        qk_progress_finish(&c.progress);
+        ret = 0;
+    } else if (c.copied) {
+        change_error(&c, c.err.msg);
+    } else {
+        qk_tool_error("Could not copy the data: %s", strerror(-c.ret));
+    }
+out:
+    if (c.nb) {
+        qk_block_close(c.nb);
+    }
+    return qk_tool_close_written(c.top, ret, true, "");
+}
+
+const QkCommand qk_cmd_rebase = {
+    .name = "rebase",
+    .summary = "move an image onto another backing file",
+    .usage = usage_text,
+    .run = run_rebase,
+};
