@@ -34,6 +34,7 @@ extern const QkCommand qk_cmd_snapshot;
 extern const QkCommand qk_cmd_resize;
 extern const QkCommand qk_cmd_commit;
 extern const QkCommand qk_cmd_rebase;
+extern const QkCommand qk_cmd_dd;
 
 /* Shared helpers for commands (tools/common.c). */
 /* Prints "qcowkit: <msg>" to stderr. */

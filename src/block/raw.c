@@ -74,7 +74,15 @@ static int coroutine_fn raw_create(const char *filename, const QkCreateOptions *
     if (opts->backing_file) {
         return qk_error_set(err, -EINVAL, "raw images cannot have a backing file");
     }
-    return qk_drv_file.co_create(filename, opts, err);
+    /* Whole 512-byte sectors, as QEMU creates them (create 15 gives 512). */
+    QkCreateOptions o = *opts;
+    if (o.size % 512) {
+        if (o.size > UINT64_MAX - 512) {
+            return qk_error_set(err, -EFBIG, "Image size too large");
+        }
+        o.size += 512 - o.size % 512;
+    }
+    return qk_drv_file.co_create(filename, &o, err);
 }
 
 const QkBlockDriver qk_drv_raw = {

@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 
-from twin import bad, finish, new_case, run, sh
+from twin import bad, finish, new_case, run, run_both, sh
 
 QK, WORK = sys.argv[1], sys.argv[2]
 M = 1 << 20
@@ -64,13 +64,7 @@ def case(name, layers, args):
         bad(name, "setup: %s" % e)
         return
     shutil.copytree(q, k)
-    rq = run(["qemu-img", "commit"] + args, q)
-    rk = run([QK, "commit"] + args, k)
-    if rq[0] != rk[0]:
-        bad(name, "exit %d, qemu-img %d (stderr: %s)" % (rk[0], rq[0], rk[2].strip()))
-    norm = lambda t: t.replace("qemu-img", "PROG").replace("qcowkit", "PROG")
-    if norm(rq[1] + rq[2]) != norm(rk[1] + rk[2]):
-        bad(name, "output differs:\n  qemu-img: %r\n  qcowkit:  %r" % (rq[1] + rq[2], rk[1] + rk[2]))
+    rq, rk = run_both(name, QK, "commit", args, q, k)
     for f, fmt, _, _, _ in layers:
         if fmt == "qcow2":
             rc, out, _ = run(["qemu-img", "check", f], k)

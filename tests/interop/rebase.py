@@ -18,7 +18,7 @@ import re
 import shutil
 import sys
 
-from twin import bad, finish, new_case, run, sh
+from twin import bad, finish, new_case, run, run_both, same_name, sh
 
 QK, WORK = sys.argv[1], sys.argv[2]
 M = 1 << 20
@@ -39,7 +39,7 @@ def build(d, images):
 
 
 def norm(t):
-    t = t.replace("qemu-img", "PROG").replace("qcowkit", "PROG")
+    t = same_name(t)
     # Progress: only the first and the last state count (how often the
     # line is redrawn depends on timing and piece sizes). Output is read
     # as text, so the redraws' carriage returns arrive as line breaks.
@@ -67,12 +67,7 @@ def case(name, images, args, top="t.qcow2", same_content_as_qemu=True, readable=
         return
     shutil.copytree(p, q)
     shutil.copytree(p, k)
-    rq = run(["qemu-img", "rebase"] + args, q)
-    rk = run([QK, "rebase"] + args, k)
-    if rq[0] != rk[0]:
-        bad(name, "exit %d, qemu-img %d (stderr: %s)" % (rk[0], rq[0], rk[2].strip()))
-    if norm(rq[1] + rq[2]) != norm(rk[1] + rk[2]):
-        bad(name, "output differs:\n  qemu-img: %r\n  qcowkit:  %r" % (rq[1] + rq[2], rk[1] + rk[2]))
+    rq, rk = run_both(name, QK, "rebase", args, q, k, norm=norm)
     fmt = "raw" if "-f" in args and args[args.index("-f") + 1] == "raw" else "qcow2"
     if fmt == "qcow2":
         # Without its backing file: it may be missing (-u).

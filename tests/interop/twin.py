@@ -19,6 +19,24 @@ def sh(cmd, cwd=None):
     return out
 
 
+def same_name(t):
+    """Output with the program's name taken out."""
+    return t.replace("qemu-img", "PROG").replace("qcowkit", "PROG")
+
+
+def run_both(name, qk, sub, args, q, k, norm=same_name):
+    """Runs `qemu-img SUB ARGS` in q and `QCOWKIT SUB ARGS` in k; a failure
+    unless the exit status and the output (after norm) are the same.
+    Returns both results as (status, stdout, stderr)."""
+    rq = run(["qemu-img", sub] + args, q)
+    rk = run([qk, sub] + args, k)
+    if rq[0] != rk[0]:
+        bad(name, "exit %d, qemu-img %d (stderr: %s)" % (rk[0], rq[0], rk[2].strip()))
+    if norm(rq[1] + rq[2]) != norm(rk[1] + rk[2]):
+        bad(name, "output differs:\n  qemu-img: %r\n  qcowkit:  %r" % (rq[1] + rq[2], rk[1] + rk[2]))
+    return rq, rk
+
+
 def new_case():
     """Counts a case; returns its number (from 1)."""
     tally["cases"] += 1
