@@ -711,6 +711,18 @@ int coroutine_fn qk_co_change_backing(QkBlock *bs, const char *name, const char 
     return bs->drv->co_change_backing(bs, name, fmt, err);
 }
 
+int coroutine_fn qk_co_amend(QkBlock *bs, const QkAmendOptions *o, QkError *err)
+{
+    if (bs->read_only && !o->check_only) {
+        return qk_error_set(err, -EACCES, "the image is read-only");
+    }
+    if (!bs->drv->co_amend) {
+        return qk_error_set(err, -ENOTSUP, "Format driver '%s' does not support option amendment",
+                            bs->drv->format_name);
+    }
+    return bs->drv->co_amend(bs, o, err);
+}
+
 int coroutine_fn qk_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc prealloc, QkError *err)
 {
     if (bs->read_only) {

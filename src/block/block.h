@@ -118,6 +118,20 @@ typedef struct QkImageInfo {
     int nb_snapshots;
 } QkImageInfo;
 
+/* What amend changes (qemu-img amend -o); unset fields stay as they are. */
+typedef struct QkAmendOptions {
+    int compat;                  /* 0: keep; 2 (0.10) or 3 (1.1) */
+    int lazy_refcounts;          /* -1: keep; 0 off; 1 on */
+    uint32_t refcount_bits;      /* 0: keep */
+    bool size_set;
+    uint64_t size;
+    void (*progress)(uint64_t done, uint64_t total, void *opaque);
+    void *opaque;
+    /* Only decide whether the amend would be refused (the image may be
+     * open read-only): a read-write open changes the header already. */
+    bool check_only;
+} QkAmendOptions;
+
 struct QkBlockDriver {
     const char *format_name;
     size_t instance_size;
@@ -163,6 +177,8 @@ struct QkBlockDriver {
     /* Records another backing file (name NULL: none) and its format in
      * the image, durably; the open chain stays as it was. */
     int coroutine_fn (*co_change_backing)(QkBlock *bs, const char *name, const char *fmt, QkError *err);
+    /* Changes the image's options (amend); NULL: the format has none. */
+    int coroutine_fn (*co_amend)(QkBlock *bs, const QkAmendOptions *o, QkError *err);
 };
 
 struct QkBlock {
@@ -272,6 +288,8 @@ int coroutine_fn qk_co_make_empty(QkBlock *bs);
 /* See QkBlockDriver.co_change_backing; -ENOTSUP when the format has no
  * backing file. Waits for requests in flight first. */
 int coroutine_fn qk_co_change_backing(QkBlock *bs, const char *name, const char *fmt, QkError *err);
+/* See QkBlockDriver.co_amend; -ENOTSUP when the format has no options. */
+int coroutine_fn qk_co_amend(QkBlock *bs, const QkAmendOptions *o, QkError *err);
 int64_t qk_block_length(QkBlock *bs);
 
 /* In-flight accounting for work that is not a request (e.g. VM-state

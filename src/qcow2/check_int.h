@@ -37,6 +37,8 @@ typedef struct Check {
     uint64_t *outside;
     size_t n_outside, cap_outside;
     bool outside_overflow;
+    /* The rebuild also switches the header's refcount_order (amend). */
+    bool write_order;
 } Check;
 
 __attribute__((format(printf, 2, 3)))
@@ -60,5 +62,11 @@ int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err);
  * k->refs (plus themselves) past everything in use, then switches the
  * header to them. The image is unchanged if it fails before the switch. */
 int coroutine_fn ck_rebuild_refcounts(Check *k, QkError *err);
+/* Rewrites the refcount structure with 2^order-bit entries (amend
+ * refcount_bits), by the rebuild above: the header switches to the new
+ * structure and width in one write. Refuses, unchanged, when the image
+ * has errors or a refcount does not fit the new width; with dry, only
+ * decides that (nothing written, the image may be read-only). */
+int coroutine_fn qcow2_change_refcount_order(Qcow2State *s, uint32_t order, bool dry, QkError *err);
 
 #endif

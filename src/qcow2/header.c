@@ -399,6 +399,19 @@ static int put_ext(uint8_t *buf, size_t buflen, size_t *pos, uint32_t type, cons
     return 0;
 }
 
+/* The feature name table QEMU writes into v3 headers. */
+static int put_feature_table(uint8_t *buf, size_t buflen, size_t *pos)
+{
+    uint8_t table[QK_ARRAY_SIZE(feature_names) * 48];
+    memset(table, 0, sizeof(table));
+    for (size_t i = 0; i < QK_ARRAY_SIZE(feature_names); i++) {
+        table[i * 48] = feature_names[i].type;
+        table[i * 48 + 1] = feature_names[i].bit;
+        memcpy(table + i * 48 + 2, feature_names[i].name, strlen(feature_names[i].name));
+    }
+    return put_ext(buf, buflen, pos, QCOW2_EXT_FEATURE_TABLE, table, sizeof(table));
+}
+
 int qcow2_build_header(const Qcow2Header *hin, const char *backing, const char *backing_fmt,
                        uint8_t *buf, size_t buflen, QkError *err)
 {
@@ -412,16 +425,8 @@ int qcow2_build_header(const Qcow2Header *hin, const char *backing, const char *
     }
     /* Like qemu-img, leave small header clusters room for a long backing
      * file name instead of the (optional) feature name table. */
-    bool want_table = h.version >= 3 && buflen > 4096;
-    if (want_table) {
-        uint8_t table[QK_ARRAY_SIZE(feature_names) * 48];
-        memset(table, 0, sizeof(table));
-        for (size_t i = 0; i < QK_ARRAY_SIZE(feature_names); i++) {
-            table[i * 48] = feature_names[i].type;
-            table[i * 48 + 1] = feature_names[i].bit;
-            memcpy(table + i * 48 + 2, feature_names[i].name, strlen(feature_names[i].name));
-        }
-        bad |= put_ext(buf, buflen, &pos, QCOW2_EXT_FEATURE_TABLE, table, sizeof(table));
+    if (h.version >= 3 && buflen > 4096) {
+        bad |= put_feature_table(buf, buflen, &pos);
     }
     if (backing_fmt || h.version >= 3) {
         bad |= put_ext(buf, buflen, &pos, QCOW2_EXT_END, NULL, 0);
@@ -445,20 +450,29 @@ int qcow2_build_header(const Qcow2Header *hin, const char *backing, const char *
 }
 
 /* Lays out the extension area from `pos` on: the backing format (new),
- * every other extension as read (unknown ones too), the end marker, then
- * the backing file name. -ENOSPC when it does not fit in cluster 0. */
-static int layout_backing(Qcow2State *s, uint8_t *c0, size_t pos, const char *name, const char *fmt)
+ * every other extension as read (unknown ones too; the feature table
+ * only in a v3 header, added there when missing as QEMU does), the end
+ * marker, then the backing file name. -ENOSPC when it does not fit in
+ * cluster 0. */
+static int layout_backing(Qcow2State *s, uint8_t *c0, size_t pos, uint32_t version, const char *name,
+                          const char *fmt)
 {
     size_t len = s->cluster_size;
     memset(c0 + pos, 0, len - pos);
     int bad = 0;
+    bool table = false;
     if (fmt) {
         bad |= put_ext(c0, len, &pos, QCOW2_EXT_BACKING_FORMAT, fmt, (uint32_t)strlen(fmt));
     }
     for (Qcow2Ext *e = s->exts; e; e = e->next) {
-        if (e->type != QCOW2_EXT_BACKING_FORMAT) {
-            bad |= put_ext(c0, len, &pos, e->type, e->data, e->len);
+        if (e->type == QCOW2_EXT_BACKING_FORMAT || (e->type == QCOW2_EXT_FEATURE_TABLE && version < 3)) {
+            continue;
         }
+        table |= e->type == QCOW2_EXT_FEATURE_TABLE;
+        bad |= put_ext(c0, len, &pos, e->type, e->data, e->len);
+    }
+    if (version >= 3 && !table && s->h.version < 3 && len > 4096) {
+        bad |= put_feature_table(c0, len, &pos);
     }
     bad |= put_ext(c0, len, &pos, QCOW2_EXT_END, NULL, 0);
     size_t nl = name ? strlen(name) : 0;
@@ -475,37 +489,12 @@ static int layout_backing(Qcow2State *s, uint8_t *c0, size_t pos, const char *na
     return 0;
 }
 
-/* Replaces the backing format extension of the in-memory list (kept in
- * step with what was written, for a later rewrite). */
-static int set_fmt_ext(Qcow2State *s, const char *fmt)
-{
-    Qcow2Ext **pp = &s->exts;
-    while (*pp) {
-        Qcow2Ext *e = *pp;
-        if (e->type == QCOW2_EXT_BACKING_FORMAT) {
-            *pp = e->next;
-            free(e->data);
-            free(e);
-        } else {
-            pp = &e->next;
-        }
-    }
-    if (!fmt) {
-        return 0;
-    }
-    Qcow2Ext *e = calloc(1, sizeof(*e));
-    if (!e || !(e->data = (uint8_t *)strdup(fmt))) {
-        free(e);
-        return -ENOMEM;
-    }
-    e->type = QCOW2_EXT_BACKING_FORMAT;
-    e->len = (uint32_t)strlen(fmt);
-    e->next = s->exts;
-    s->exts = e;
-    return 0;
-}
-
-int coroutine_fn qcow2_co_change_backing(QkBlock *bs, const char *name, const char *fmt, QkError *err)
+/* Rewrites cluster 0 in one write (then flushes): header fields from nh
+ * (NULL: as they are, bytes past the known fields kept), the extensions
+ * re-laid for nh's version, and name/fmt as the backing file. Updates
+ * the in-memory header and extension list to match. */
+static int coroutine_fn rewrite_cluster0(QkBlock *bs, const Qcow2Header *nh, const char *name, const char *fmt,
+                                         QkError *err)
 {
     Qcow2State *s = qcow2_state(bs);
     if (s->read_only) {
@@ -521,13 +510,23 @@ int coroutine_fn qcow2_co_change_backing(QkBlock *bs, const char *name, const ch
     if (!c0) {
         return qk_error_set(err, -ENOMEM, "out of memory");
     }
+    Qcow2Header h = nh ? *nh : s->h;
+    if (h.version < 3) {
+        h.header_length = QCOW2_HEADER_V2_LEN;
+    } else if (nh && s->h.version < 3) {
+        h.header_length = QCOW2_HEADER_WRITE_LEN;
+    }
     qk_co_mutex_lock(&s->lock);
     /* The header fields and any bytes past the ones this version knows
      * (up to header_length) are taken from the file as they are. */
     int r = qk_co_pread(bs->file, 0, s->cluster_size, c0, QK_REQ_KIND(QK_IO_HEADER));
-    size_t pos = qcow2_is_v3(s) ? s->h.header_length : QCOW2_HEADER_V2_LEN;
+    if (r == 0 && nh) {
+        uint8_t hb[QCOW2_HEADER_WRITE_LEN];
+        qcow2_header_to_be(&h, hb);
+        memcpy(c0, hb, QK_MIN(h.header_length, (uint32_t)QCOW2_HEADER_WRITE_LEN));
+    }
     if (r == 0) {
-        r = layout_backing(s, c0, pos, name, fmt);
+        r = layout_backing(s, c0, h.header_length, h.version, name, fmt);
         if (r < 0) {
             qk_error_set_errno(err, r, "the header extensions and backing file name do not fit in the first cluster");
         }
@@ -535,8 +534,8 @@ int coroutine_fn qcow2_co_change_backing(QkBlock *bs, const char *name, const ch
         qk_error_set_errno(err, r, "Could not read the header");
     }
     /* One write of the header cluster, as QEMU makes it: whatever it
-     * points to (the backing file's data, copied by a safe rebase) was
-     * flushed by the caller first. */
+     * points to (data a safe rebase copied, clusters a downgrade
+     * expanded) was flushed by the caller first. */
     if (r == 0) {
         r = qk_co_pwrite(bs->file, 0, s->cluster_size, c0, QK_REQ_KIND(QK_IO_HEADER));
         if (r < 0) {
@@ -550,10 +549,14 @@ int coroutine_fn qcow2_co_change_backing(QkBlock *bs, const char *name, const ch
         }
     }
     if (r == 0) {
-        s->h.backing_file_offset = qk_be64_get(c0 + 8);
-        s->h.backing_file_size = qk_be32_get(c0 + 16);
-        char *n = name ? strdup(name) : NULL, *f = fmt ? strdup(fmt) : NULL;
-        if ((name && !n) || (fmt && !f) || set_fmt_ext(s, fmt) < 0) {
+        h.backing_file_offset = qk_be64_get(c0 + 8);
+        h.backing_file_size = qk_be32_get(c0 + 16);
+        s->h = h;
+        char *n = name ? strdup(name) : NULL, *f = fmt ? strdup(fmt) : NULL, *pf = NULL;
+        /* The extension list is read back from what was written. */
+        qcow2_free_extensions(s);
+        QkError perr = {0};
+        if ((name && !n) || (fmt && !f) || qcow2_parse_extensions(s, c0, &pf, &perr) < 0) {
             /* On disk it is done; only the in-memory copy is stale. */
             free(n);
             free(f);
@@ -564,8 +567,19 @@ int coroutine_fn qcow2_co_change_backing(QkBlock *bs, const char *name, const ch
             bs->backing_file = n;
             bs->backing_format = f;
         }
+        free(pf);
     }
     qk_co_mutex_unlock(&s->lock);
     free(c0);
     return r;
+}
+
+int coroutine_fn qcow2_co_change_backing(QkBlock *bs, const char *name, const char *fmt, QkError *err)
+{
+    return rewrite_cluster0(bs, NULL, name, fmt, err);
+}
+
+int coroutine_fn qcow2_co_rewrite_header(QkBlock *bs, const Qcow2Header *nh, QkError *err)
+{
+    return rewrite_cluster0(bs, nh, bs->backing_file, bs->backing_format, err);
 }

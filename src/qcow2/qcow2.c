@@ -348,4 +348,5 @@ const QkBlockDriver qk_drv_qcow2 = {
     .co_vmstate_discard = qcow2_co_vmstate_discard,
     .co_make_empty = qcow2_co_make_empty,
     .co_change_backing = qcow2_co_change_backing,
+    .co_amend = qcow2_co_amend,
 };

@@ -71,6 +71,8 @@
 #define QCOW2_HOFF_REFTABLE 48      /* refcount_table_offset + clusters */
 #define QCOW2_HOFF_INCOMPAT 72
 #define QCOW2_HOFF_AUTOCLEAR 88
+#define QCOW2_HOFF_COMPAT 80
+#define QCOW2_HOFF_REFCOUNT_ORDER 96
 
 typedef struct Qcow2State Qcow2State;
 typedef struct Qcow2Cache Qcow2Cache;
@@ -228,6 +230,12 @@ int coroutine_fn qcow2_set_incompat(Qcow2State *s, uint64_t incompat);
  * keeping every other extension; flushed before it returns. The open
  * chain (bs->backing) is not switched. */
 int coroutine_fn qcow2_co_change_backing(QkBlock *bs, const char *name, const char *fmt, QkError *err);
+/* Rewrites the header with nh's fields and version (amend's compat
+ * change): the extensions are re-laid for that version, the backing file
+ * kept; one write of cluster 0, flushed. */
+int coroutine_fn qcow2_co_rewrite_header(QkBlock *bs, const Qcow2Header *nh, QkError *err);
+/* amend.c */
+int coroutine_fn qcow2_co_amend(QkBlock *bs, const QkAmendOptions *o, QkError *err);
 /* Serialises a fresh header cluster for create. */
 int qcow2_build_header(const Qcow2Header *h, const char *backing, const char *backing_fmt,
                        uint8_t *buf, size_t buflen, QkError *err);

@@ -201,7 +201,10 @@ int coroutine_fn ck_rebuild_refcounts(Check *k, QkError *err)
     uint32_t old_clusters = s->h.refcount_table_clusters;
     s->h.refcount_table_offset = (l.start + l.nblocks) << s->cluster_bits;
     s->h.refcount_table_clusters = (uint32_t)l.table_clusters;
-    r = qcow2_write_header_field(s, QCOW2_HOFF_REFTABLE, 12);
+    /* With a new width, table and width change in one write of the first
+     * sector (offsets 48 to 100: the fields between are as they are). */
+    r = qcow2_write_header_field(s, QCOW2_HOFF_REFTABLE,
+                                 k->write_order ? QCOW2_HOFF_REFCOUNT_ORDER + 4 - QCOW2_HOFF_REFTABLE : 12);
     if (r == 0) {
         r = qk_co_flush(s->bs->file);
     }
@@ -236,4 +239,66 @@ int coroutine_fn ck_rebuild_refcounts(Check *k, QkError *err)
                (unsigned long long)overflows, s->refcount_bits);
     }
     return 0;
+}
+
+/* The width fields of s for refcount_order `order`. */
+static void set_order(Qcow2State *s, uint32_t order)
+{
+    s->h.refcount_order = order;
+    s->refcount_order = order;
+    s->refcount_bits = 1U << order;
+    s->refcount_max = s->refcount_bits == 64 ? (uint64_t)INT64_MAX : (1ULL << s->refcount_bits) - 1;
+    s->rb_bits = s->cluster_bits + 3 - order;
+}
+
+int coroutine_fn qcow2_change_refcount_order(Qcow2State *s, uint32_t order, bool dry, QkError *err)
+{
+    if (order == s->refcount_order) {
+        return 0;
+    }
+    QkCheckResult res;
+    memset(&res, 0, sizeof(res));
+    Check k = {.s = s, .res = &res, .skip_refcount_structure = true, .write_order = true};
+    /* Everything cached reaches the old blocks first, in the old width. */
+    int r = dry ? 0 : qcow2_flush_caches(s);
+    if (r == 0 && !dry) {
+        r = qk_co_flush(s->bs->file);
+    }
+    if (r < 0) {
+        return qk_error_set_errno(err, r, "Could not flush the image");
+    }
+    r = ck_prepare(&k);
+    if (r < 0) {
+        ck_free(&k);
+        return qk_error_set_errno(err, r, "Could not size the refcount computation");
+    }
+    ck_compute(&k);
+    if (res.check_errors || res.corruptions) {
+        ck_free(&k);
+        return qk_error_set(err, -EIO, "the image has errors; repair it (check -r all) before "
+                            "changing the refcount width");
+    }
+    uint32_t bits = 1U << order;
+    uint64_t max = bits == 64 ? (uint64_t)INT64_MAX : (1ULL << bits) - 1;
+    for (uint64_t c = 0; c < k.nclusters; c++) {
+        if (k.refs[c] > max) {
+            uint32_t rc = k.refs[c];
+            ck_free(&k);
+            return qk_error_set(err, -EINVAL, "Cannot decrease refcount entry width to %u bits: "
+                                "Cluster at offset %#llx has a refcount of %u", bits,
+                                (unsigned long long)(c << s->cluster_bits), rc);
+        }
+    }
+    if (dry) {
+        ck_free(&k);
+        return 0;
+    }
+    uint32_t old = s->refcount_order;
+    set_order(s, order);
+    r = ck_rebuild_refcounts(&k, err);
+    if (r < 0) {
+        set_order(s, old);
+    }
+    ck_free(&k);
+    return r;
 }
