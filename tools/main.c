@@ -21,6 +21,7 @@ static const QkCommand *const commands[] = {
     &qk_cmd_commit,
     &qk_cmd_rebase,
     &qk_cmd_dd,
+    &qk_cmd_amend,
     &qk_cmd_io,
     &qk_cmd_bench,
     &qk_cmd_serve,
