@@ -32,6 +32,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lifecycle import lifecycle_results  # noqa: E402
+
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QCOWKIT = os.environ.get("QCOWKIT_BIN", os.path.join(TOP, "build", "tools", "qcowkit"))
 GIB = 1 << 30
@@ -312,6 +315,8 @@ def main():
                                 seconds=systems, peak_rss_kib=rss))
         if selected(a.only, "vmstate", "VM state"):
             results += vmstate_results(a.quick, runs, scratch)
+        if selected(a.only, "lifecycle", "commit", "rebase", "resize"):
+            results += lifecycle_results(a.quick, runs, scratch, QCOWKIT)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
