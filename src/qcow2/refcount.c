@@ -516,8 +516,14 @@ int coroutine_fn qcow2_update_refcount(Qcow2State *s, uint64_t off, uint64_t len
         uint64_t i = c & rb_mask(s);
         uint64_t v = qcow2_rb_get(s, b, i);
         uint64_t nv;
-        if (addend < 0 ? (uint64_t)-addend > v : (s->refcount_max - v) < (uint64_t)addend) {
+        if (addend < 0 && (uint64_t)-addend > v) {
             r = -QK_ECORRUPT; /* the image's refcounts cannot be right */
+            break;
+        }
+        if (addend > 0 && (s->refcount_max - v) < (uint64_t)addend) {
+            /* Not damage: the width cannot count this far (a snapshot of
+             * a refcount_bits=1 image, say). */
+            r = -ERANGE;
             break;
         }
         nv = v + (uint64_t)addend;
