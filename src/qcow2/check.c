@@ -68,10 +68,18 @@ static void add_ref(Check *k, uint64_t off, uint64_t len, uint8_t kind)
         }
     }
     for (uint64_t c = first; c <= last; c++) {
-        if (k->refs[c] != UINT32_MAX) {
-            k->refs[c]++;
-        }
         k->kind[c] |= kind;
+        /* As QEMU counts: references past what the width can hold are
+         * an error of their own, and the count stays at the maximum (the
+         * refcount a repair can store). */
+        if (k->refs[c] >= k->s->refcount_max || k->refs[c] == UINT32_MAX) {
+            ck_say(k, "ERROR: overflow cluster offset=0x%llx", (unsigned long long)(c << k->s->cluster_bits));
+            ck_say(k, "Use qcowkit amend -o refcount_bits=N to increase the refcount entry width "
+                   "or convert to create a clean copy if the image cannot be opened for writing");
+            k->res->corruptions++;
+            continue;
+        }
+        k->refs[c]++;
     }
 }
 
