@@ -75,90 +75,119 @@ collect_lane() { # out
   done <"$1"
 }
 
-# The lanes share the machine's cores; QCOWKIT_TEST_JOBS=1 runs them in turn.
-if [ "${QCOWKIT_TEST_JOBS:-$(nproc)}" -ge 2 ]; then
-  unit_lane build-asan asan "$scratch/lane.asan" &
-  lane_pid=$!
-  unit_lane build plain "$scratch/lane.plain"
-  wait "$lane_pid"
-else
-  unit_lane build plain "$scratch/lane.plain"
-  unit_lane build-asan asan "$scratch/lane.asan"
-fi
-collect_lane "$scratch/lane.plain"
-collect_lane "$scratch/lane.asan"
-
 export QCOWKIT="$top/build/tools/qcowkit"
 export QCOWKIT_ASAN="$top/build-asan/tools/qcowkit"
 export SRC_DIR="$top"
 
-for t in tests/functional/[0-9]*; do
-  case "$t" in *.out) continue ;; esac
-  [ -x "$t" ] || continue
-  name="functional/$(basename "$t")"
-  want "$name" || continue
-  d="$scratch/f.$(basename "$t")"; mkdir -p "$d"
-  t0=$SECONDS
-  (cd "$d" && TEST_DIR="$d" timeout 600 bash "$top/$t" >"$d/actual" 2>&1)
-  st=$?
-  if [ "$st" -eq 0 ] && [ -f "$t.out" ]; then
-    sed -e "s#$d#TEST_DIR#g" "$d/actual" > "$d/actual.f"
-    if ! diff -u "$t.out" "$d/actual.f" > "$d/diff"; then
-      head -n 40 "$d/diff"
-      st=1
+# The other kinds of tests, each as a lane writing "@@ name status
+# seconds" lines as unit_lane does; no test shares files with another.
+functional_lane() { # out
+  local t name d t0 st out="$1"
+  : >"$out"
+  for t in tests/functional/[0-9]*; do
+    case "$t" in *.out) continue ;; esac
+    [ -x "$t" ] || continue
+    name="functional/$(basename "$t")"
+    want "$name" || continue
+    d="$scratch/f.$(basename "$t")"; mkdir -p "$d"
+    t0=$SECONDS
+    (cd "$d" && TEST_DIR="$d" timeout 600 bash "$top/$t" >"$d/actual" 2>&1)
+    st=$?
+    if [ "$st" -eq 0 ] && [ -f "$t.out" ]; then
+      sed -e "s#$d#TEST_DIR#g" "$d/actual" > "$d/actual.f"
+      if ! diff -u "$t.out" "$d/actual.f" > "$d/diff"; then
+        head -n 40 "$d/diff" >>"$out"
+        st=1
+      fi
+    elif [ "$st" -ne 0 ] && [ "$st" -ne 77 ]; then
+      tail -n 30 "$d/actual" >>"$out"
     fi
-  elif [ "$st" -ne 0 ] && [ "$st" -ne 77 ]; then
-    tail -n 30 "$d/actual"
-  fi
-  record "$name" "$st" $((SECONDS - t0))
-  rm -rf "$d"
-done
+    echo "@@ $name $st $((SECONDS - t0))" >>"$out"
+    rm -rf "$d"
+  done
+}
 
-for t in tests/interop/*.sh; do
-  [ -f "$t" ] || continue
-  name="interop/$(basename "$t" .sh)"
-  want "$name" || continue
-  d="$scratch/i.$(basename "$t")"; mkdir -p "$d"
-  t0=$SECONDS
-  (cd "$d" && TEST_DIR="$d" timeout 900 bash "$top/$t" >"$d/log" 2>&1)
-  st=$?
-  [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && tail -n 40 "$d/log"
-  record "$name" "$st" $((SECONDS - t0))
-  rm -rf "$d"
-done
+interop_lane() { # out
+  local t name d t0 st out="$1"
+  : >"$out"
+  for t in tests/interop/*.sh; do
+    [ -f "$t" ] || continue
+    name="interop/$(basename "$t" .sh)"
+    want "$name" || continue
+    d="$scratch/i.$(basename "$t")"; mkdir -p "$d"
+    t0=$SECONDS
+    (cd "$d" && TEST_DIR="$d" timeout 900 bash "$top/$t" >"$d/log" 2>&1)
+    st=$?
+    [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && tail -n 40 "$d/log" >>"$out"
+    echo "@@ $name $st $((SECONDS - t0))" >>"$out"
+    rm -rf "$d"
+  done
+}
 
 # Crash-state tests (tests/crash/): power-loss states replayed from the
 # write log and SIGKILL rounds, one test per configuration, smaller than
 # tests/crash/run.sh's short form so the lot takes a few minutes; the
 # test's own PASS/FAIL line (states checked, failures) is shown above its
 # record. crash/powerloss-c4k-asan runs everything with the ASan/UBSan build.
-run_crash() { # name kind config qcowkit [options for the test]
-  want "$1" || return 0
+run_crash() { # out name kind config qcowkit [options for the test]
+  want "$2" || return 0
   local d="$scratch/c.$RANDOM$RANDOM"; mkdir -p "$d"
   local t0=$SECONDS
-  (cd "$d" && QCOWKIT="$4" TEST_DIR="$d" timeout 900 bash "$top/tests/crash/run.sh" --only "$2" "$3" "${@:5}" >"$d/log" 2>&1)
+  (cd "$d" && QCOWKIT="$5" TEST_DIR="$d" timeout 900 bash "$top/tests/crash/run.sh" --only "$3" "$4" "${@:6}" >"$d/log" 2>&1)
   local st=$?
-  grep -E '^(PASS|FAIL) ' "$d/log"
-  [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && tail -n 40 "$d/log"
-  record "$1" "$st" $((SECONDS - t0))
+  grep -E '^(PASS|FAIL) ' "$d/log" >>"$1"
+  [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && tail -n 40 "$d/log" >>"$1"
+  echo "@@ $2 $st $((SECONDS - t0))" >>"$1"
   rm -rf "$d"
 }
-for cfg in $(python3 tests/crash/powerloss.py --list); do
-  run_crash "crash/powerloss-$cfg" powerloss "$cfg" "$QCOWKIT" --epochs 8
-  run_crash "crash/sigkill-$cfg" sigkill "$cfg" "$QCOWKIT" --rounds 8
-done
-run_crash "crash/powerloss-c4k-asan" powerloss c4k "$QCOWKIT_ASAN" --epochs 4
+crash_lane() { # out
+  local cfg out="$1"
+  : >"$out"
+  for cfg in $(python3 tests/crash/powerloss.py --list); do
+    run_crash "$out" "crash/powerloss-$cfg" powerloss "$cfg" "$QCOWKIT" --epochs 8
+    run_crash "$out" "crash/sigkill-$cfg" sigkill "$cfg" "$QCOWKIT" --rounds 8
+  done
+  run_crash "$out" "crash/powerloss-c4k-asan" powerloss c4k "$QCOWKIT_ASAN" --epochs 4
+}
 
 # Fuzz targets (clang, build-fuzz/): each replays its regression inputs,
 # then fuzzes 20 s from the seed corpus. tests/fuzz/run.sh --long runs longer.
-for t in image check nbd control; do
-  name="fuzz/$t"
-  want "$name" || continue
-  t0=$SECONDS
-  out=$(bash tests/fuzz/run.sh --short 20 "$t" 2>&1)
-  st=$?
-  [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && printf '%s\n' "$out" | tail -n 60
-  record "$name" "$st" $((SECONDS - t0))
+fuzz_lane() { # out
+  local t name t0 st o out="$1"
+  : >"$out"
+  for t in image check nbd control; do
+    name="fuzz/$t"
+    want "$name" || continue
+    t0=$SECONDS
+    o=$(bash tests/fuzz/run.sh --short 20 "$t" 2>&1)
+    st=$?
+    [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && printf '%s\n' "$o" | tail -n 60 >>"$out"
+    echo "@@ $name $st $((SECONDS - t0))" >>"$out"
+  done
+}
+
+# Two lanes share the machine's cores (QCOWKIT_TEST_JOBS=1 runs them in
+# turn): the plain build's unit tests then the interop tests; the
+# sanitizer build's unit tests then the functional, crash and fuzz tests.
+# Results are shown once both are done, in this order.
+if [ "${QCOWKIT_TEST_JOBS:-$(nproc)}" -ge 2 ]; then
+  (unit_lane build plain "$scratch/lane.plain"; interop_lane "$scratch/lane.interop") &
+  lane_pid=$!
+  unit_lane build-asan asan "$scratch/lane.asan"
+  functional_lane "$scratch/lane.functional"
+  crash_lane "$scratch/lane.crash"
+  fuzz_lane "$scratch/lane.fuzz"
+  wait "$lane_pid"
+else
+  unit_lane build plain "$scratch/lane.plain"
+  unit_lane build-asan asan "$scratch/lane.asan"
+  functional_lane "$scratch/lane.functional"
+  interop_lane "$scratch/lane.interop"
+  crash_lane "$scratch/lane.crash"
+  fuzz_lane "$scratch/lane.fuzz"
+fi
+for l in plain asan functional interop crash fuzz; do
+  collect_lane "$scratch/lane.$l"
 done
 
 if [ ${#failed_names[@]} -gt 0 ]; then
