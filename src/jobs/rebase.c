@@ -136,7 +136,7 @@ static int coroutine_fn rebase_slice(void *opaque, uint64_t off, uint64_t len, v
         uint64_t stop = off + n;
         if (stop < end && stop % r->unit) {
             stop = QK_MIN(end, (stop / r->unit + 1) * r->unit);
-            st = QK_BS_DATA; /* mixed: read and compare */
+            st = QK_BS_ALLOCATED | QK_BS_DATA; /* mixed: read and compare */
             depth = 1;
         }
         n = stop - off;
