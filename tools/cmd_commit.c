@@ -150,8 +150,11 @@ static int run_commit(int argc, char **argv)
     }
     /* The chain holds the base read-only: the copy writes through a
      * read-write node of its own. The chain's node never reads what the
-     * copy writes (only ranges held above the base are read). */
-    QkOpenOptions bo = {.flags = (flags | QK_OPEN_RDWR | QK_OPEN_NO_BACKING), .format = b->drv->format_name};
+     * copy writes (only ranges held above the base are read). The node
+     * opens with the base's own backing files: a partial write into it
+     * copies the rest of its cluster from them, and a zero write must
+     * hide them. */
+    QkOpenOptions bo = {.flags = (flags | QK_OPEN_RDWR) & ~QK_OPEN_NO_BACKING, .format = b->drv->format_name};
     c.base = qk_block_open(b->filename, &bo, &err);
     if (!c.base) {
         qk_tool_error("Could not open '%s': %s", b->filename, err.msg);

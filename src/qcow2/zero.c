@@ -38,16 +38,24 @@ static int coroutine_fn free_entry(Qcow2State *s, uint64_t l2e, int mode)
     return r;
 }
 
+/* Whether something may show through unallocated clusters: a backing
+ * file open below, or one the image records but this open left out
+ * (QK_OPEN_NO_BACKING). Leaving a cluster unallocated "because it reads
+ * as zeros" is only right when neither holds. */
+static bool has_backing_file(const Qcow2State *s)
+{
+    return s->bs->backing || s->h.backing_file_offset;
+}
+
 /* Updates the entries of clusters [c, c+n), all in one L2 table. */
 static int coroutine_fn modify_table(Qcow2State *s, uint64_t c, uint64_t n, int mode)
 {
-    QkBlock *bs = s->bs;
     uint64_t l1i = c >> s->l2_bits;
     uint64_t i0 = c & (s->l2_entries - 1);
     if (l1i >= s->l1_size) {
         return 0;
     }
-    if (!(s->l1[l1i] & QCOW2_L1E_OFFSET_MASK) && (!bs->backing || mode == MODE_CUT)) {
+    if (!(s->l1[l1i] & QCOW2_L1E_OFFSET_MASK) && (!has_backing_file(s) || mode == MODE_CUT)) {
         return 0; /* nothing here and nothing below, or nothing to cut */
     }
     int r = qcow2_mark_dirty(s);
@@ -72,7 +80,7 @@ static int coroutine_fn modify_table(Qcow2State *s, uint64_t c, uint64_t n, int 
             nbm = 0;
             free_old = has_host;
         } else if (mode == MODE_DISCARD) {
-            if (!bs->backing && !has_host) {
+            if (!has_backing_file(s) && !has_host) {
                 continue; /* already reads as zeros */
             }
             if (s->extended_l2) {
@@ -116,12 +124,11 @@ static int coroutine_fn modify_table(Qcow2State *s, uint64_t c, uint64_t n, int 
  * instead (a discard leaves it alone). */
 static int coroutine_fn modify_subclusters(Qcow2State *s, uint64_t c, uint32_t mask, int mode)
 {
-    QkBlock *bs = s->bs;
     uint64_t l1i = c >> s->l2_bits;
     if (l1i >= s->l1_size) {
         return 0;
     }
-    if (!(s->l1[l1i] & QCOW2_L1E_OFFSET_MASK) && !bs->backing) {
+    if (!(s->l1[l1i] & QCOW2_L1E_OFFSET_MASK) && !has_backing_file(s)) {
         return 0;
     }
     int r = qcow2_mark_dirty(s);
@@ -212,7 +219,7 @@ static int coroutine_fn reads_as_zero(Qcow2State *s, uint64_t off, uint64_t len)
             return r;
         }
         bool z = ext.type == QCOW2_ZERO_PLAIN || ext.type == QCOW2_ZERO_ALLOC ||
-                 (ext.type == QCOW2_UNALLOC && !s->bs->backing);
+                 (ext.type == QCOW2_UNALLOC && !has_backing_file(s));
         if (!z) {
             return 0;
         }
