@@ -61,7 +61,9 @@ static int coroutine_fn copy_range(CommitRun *c, uint64_t off, uint64_t len, voi
             return -EIO;
         }
         int r = 0;
-        if ((st & QK_BS_ALLOCATED) && depth < c->base_depth) {
+        /* Held above the base, or zeros because a layer above the base
+         * ends here (a shorter backing file hides what lies below it). */
+        if ((st & (QK_BS_ALLOCATED | QK_BS_ZERO)) && depth < c->base_depth) {
             throttle(c, n);
             if ((st & QK_BS_ZERO) && !(st & QK_BS_DATA)) {
                 r = qk_co_pwrite_zeroes(c->base, off, n, 0);
