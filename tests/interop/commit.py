@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 
-from twin import bad, finish, new_case, run, run_both, sh
+from twin import bad, finish, new_case, random_chain, run, run_both, sh
 
 QK, WORK = sys.argv[1], sys.argv[2]
 M = 1 << 20
@@ -114,5 +114,13 @@ case("-f raw on a qcow2 top", three, ["-f", "raw", "t.qcow2"])
 two = [("b.qcow2", "qcow2", 8 * M, "", base_data), ("t.qcow2", "qcow2", 8 * M, "", top_data)]
 for r in ("0", "64M", "abc", "-5"):
     case("-r %s" % r, two, ["-r", r, "t.qcow2"])
+
+# Random chains of 2-5 layers, committed into the backing file or with -b
+# into a deeper layer.
+for seed in range(int(os.environ.get("QK_RANDOM_CHAINS", "6"))):
+    chain = [(f, "qcow2", size, opts, cmds) for f, size, opts, cmds in random_chain(seed)]
+    top = chain[-1][0]
+    args = [top] if seed % 2 == 0 else ["-b", chain[seed % (len(chain) - 1)][0], top]
+    case("random chain %d (%d layers) %s" % (seed, len(chain), " ".join(args)), chain, args)
 
 finish()

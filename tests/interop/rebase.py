@@ -18,7 +18,7 @@ import re
 import shutil
 import sys
 
-from twin import bad, finish, new_case, run, run_both, same_name, sh
+from twin import bad, finish, new_case, random_chain, run, run_both, same_name, sh
 
 QK, WORK = sys.argv[1], sys.argv[2]
 M = 1 << 20
@@ -137,6 +137,18 @@ case("compat=0.10 overlay", [
 case("backing in a subdirectory, name relative to the overlay", [
     ("a.qcow2", "qcow2", 8 * M, "", None, a_data), ("t.qcow2", "qcow2", 8 * M, "", Q("a.qcow2"), t_data)],
     ["-b", "a.qcow2", "-F", "qcow2", "t.qcow2"])
+
+# Random chains of 2-5 layers: the top moved onto a deeper layer, onto an
+# unrelated image, or made standalone.
+for seed in range(int(os.environ.get("QK_RANDOM_CHAINS", "6"))):
+    layers = random_chain(100 + seed)
+    imgs = [(f, "qcow2", size, opts, Q(layers[i - 1][0]) if i else None, cmds)
+            for i, (f, size, opts, cmds) in enumerate(layers)]
+    imgs.append(("other.qcow2", "qcow2", 8 * M, "cluster_size=4096", None, ["write -P 0x77 1M 3M"]))
+    top = layers[-1][0]
+    target = [layers[seed % (len(layers) - 1)][0], "other.qcow2", ""][seed % 3]
+    args = ["-b", target] + (["-F", "qcow2"] if target else []) + [top]
+    case("random chain %d (%d layers) onto %r" % (seed, len(layers), target), imgs, args, top=top)
 
 # Keeping the guest's view where qemu-img changes it (see rebase.py's doc).
 case("safe rebase of an image without a backing file", [

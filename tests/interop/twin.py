@@ -1,6 +1,7 @@
 """Helpers of the differential tests that run qcowkit and qemu-img on twin
 copies of the same images (resize.py, commit.py, ...): running the tools,
 and counting cases and failures the same way in each."""
+import random
 import subprocess
 import sys
 
@@ -51,3 +52,32 @@ def bad(name, msg):
 def finish():
     print("%d cases, %d failures" % (tally["cases"], tally["failures"]))
     sys.exit(1 if tally["failures"] else 0)
+
+
+def random_chain(seed, layers=None):
+    """A random backing chain, base first: [(file, size, create options,
+    [qemu-io commands])], 2-5 layers (or `layers`), each with random
+    cluster size, extended L2 on some, and random writes, zero writes and
+    discards; sizes vary so some layers are larger than what lies below."""
+    rng = random.Random(seed)
+    n = layers or rng.randint(2, 5)
+    M = 1 << 20
+    out = []
+    for i in range(n):
+        cs = rng.choice([512, 4096, 65536, 65536, 2 * M])
+        ext = cs >= 16384 and rng.random() < 0.4
+        opts = "cluster_size=%d%s" % (cs, ",extended_l2=on" if ext else "")
+        size = rng.choice([6, 8, 8, 10]) * M
+        cmds = []
+        for _ in range(rng.randint(2, 8)):
+            off = rng.randrange(0, size - 4096) & ~511
+            ln = min(rng.choice([512, 4096, 65536, 300000, M]), size - off) & ~511 or 512
+            k = rng.random()
+            if k < 0.6:
+                cmds.append("write -P %d %d %d" % (rng.randint(1, 255), off, ln))
+            elif k < 0.85:
+                cmds.append("write -z %d %d" % (off, ln))
+            else:
+                cmds.append("discard %d %d" % (off, ln))
+        out.append(("l%d.qcow2" % i, size, opts, cmds))
+    return out
