@@ -63,6 +63,8 @@ void qk_tool_print_snapshots(const QkSnapshotInfo *l, int n);
 json_t *qk_tool_snapshots_json(const QkSnapshotInfo *l, int n);
 /* Writes qcowkit(1) as roff from the command table (tools/manpage.c). */
 void qk_tool_print_man(FILE *f, const QkCommand *const *cmds, size_t n);
+/* Whether two paths name the same file (device and inode). */
+bool qk_tool_same_file(const char *a, const char *b);
 /* The program name used in messages. */
 extern const char *qk_progname;
 

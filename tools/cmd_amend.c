@@ -60,12 +60,6 @@ typedef struct AmendCmd {
     int ret;
 } AmendCmd;
 
-static void on_progress(uint64_t done, uint64_t total, void *opaque)
-{
-    AmendCmd *c = opaque;
-    qk_progress_update(&c->progress, done, total);
-}
-
 static void coroutine_fn amend_co(void *opaque)
 {
     AmendCmd *c = opaque;
@@ -243,7 +237,7 @@ static int run_amend(int argc, char **argv)
     }
     /* Refusals first, on a read-only open: a read-write open already
      * updates the header (it clears the autoclear bits it cannot keep). */
-    c.bs = qk_tool_open(filename, fmt, (flags & ~QK_OPEN_RDWR) | QK_OPEN_NO_BACKING, &c.err);
+    c.bs = qk_tool_open(filename, fmt, flags & ~QK_OPEN_RDWR, &c.err);
     if (!c.bs) {
         qk_tool_error("Could not open '%s': %s", filename, c.err.msg);
         goto out;
@@ -278,8 +272,8 @@ static int run_amend(int argc, char **argv)
     }
     qk_progress_init(&c.progress, stderr, progress && !quiet);
     qk_progress_update(&c.progress, 0, 1);
-    c.o.progress = on_progress;
-    c.o.opaque = &c;
+    c.o.progress = qk_progress_report;
+    c.o.opaque = &c.progress;
     qk_co_run(amend_co, &c);
     if (c.ret < 0) {
         qk_tool_error("%s", c.err.msg);

@@ -17,7 +17,6 @@
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 static const char *const usage_text =
     "Usage: qcowkit commit [-q] [-f FMT] [-t CACHE] [-b BASE] [-r RATE] [-d] [-p] FILE\n"
@@ -43,29 +42,17 @@ typedef struct CommitCmd {
     int ret;
 } CommitCmd;
 
-static void on_progress(uint64_t done, uint64_t total, void *opaque)
-{
-    CommitCmd *c = opaque;
-    qk_progress_update(&c->progress, done, total);
-}
-
 static void coroutine_fn commit_co(void *opaque)
 {
     CommitCmd *c = opaque;
     c->what = "Block job failed";
-    QkCommitOptions o = {.workers = 8, .rate = c->rate, .progress = on_progress, .opaque = c};
+    QkCommitOptions o = {.workers = 8, .rate = c->rate, .progress = qk_progress_report, .opaque = &c->progress};
     c->ret = qk_co_commit_copy(c->top, c->depth, c->base, &o);
     if (c->ret == 0 && c->drop) {
         /* The base's copy is durable (flushed above) before the top lets go. */
         c->what = "Could not empty the image";
         c->ret = qk_co_make_empty(c->top);
     }
-}
-
-static bool same_file(const char *a, const char *b)
-{
-    struct stat sa, sb;
-    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 static int run_commit(int argc, char **argv)
@@ -139,7 +126,7 @@ static int run_commit(int argc, char **argv)
     }
     c.depth = 1;
     if (base_name) {
-        while (b && !same_file(b->filename, base_name)) {
+        while (b && !qk_tool_same_file(b->filename, base_name)) {
             b = b->backing;
             c.depth++;
         }

@@ -21,7 +21,6 @@
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 static const char *const usage_text =
     "Usage: qcowkit rebase [-q] [-f FMT] [-t CACHE] [-T SRC_CACHE] [-p] [-u] -b BACKING [-F BACKING_FMT] FILE\n"
@@ -51,17 +50,11 @@ typedef struct RebaseCmd {
     int ret;
 } RebaseCmd;
 
-static void on_progress(uint64_t done, uint64_t total, void *opaque)
-{
-    RebaseCmd *c = opaque;
-    qk_progress_update(&c->progress, done, total);
-}
-
 static void coroutine_fn rebase_co(void *opaque)
 {
     RebaseCmd *c = opaque;
     if (!c->unsafe) {
-        QkRebaseOptions o = {.workers = 8, .progress = on_progress, .opaque = c};
+        QkRebaseOptions o = {.workers = 8, .progress = qk_progress_report, .opaque = &c->progress};
         c->ret = qk_co_rebase_copy(c->top, c->nb, &o);
         if (c->ret < 0) {
             return;
@@ -71,12 +64,6 @@ static void coroutine_fn rebase_co(void *opaque)
     /* The data copied is flushed: the header may point elsewhere now. */
     const char *name = c->backing[0] ? c->backing : NULL;
     c->ret = qk_co_change_backing(c->top, name, name ? c->backing_fmt : NULL, &c->err);
-}
-
-static bool same_file(const char *a, const char *b)
-{
-    struct stat sa, sb;
-    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 static int change_error(const RebaseCmd *c, const char *msg)
@@ -191,9 +178,9 @@ static int run_rebase(int argc, char **argv)
     }
     /* An image must not end up in its own backing chain: every later
      * open would fail (and a safe rebase would compare it with itself). */
-    bool loops = path && same_file(path, c.top->file ? c.top->file->filename : filename);
+    bool loops = path && qk_tool_same_file(path, c.top->file ? c.top->file->filename : filename);
     for (QkBlock *b = c.nb; b && !loops; b = b->backing) {
-        loops = b->file && c.top->file && same_file(b->file->filename, c.top->file->filename);
+        loops = b->file && c.top->file && qk_tool_same_file(b->file->filename, c.top->file->filename);
     }
     free(path);
     if (loops) {

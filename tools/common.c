@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 const char *qk_progname = "qcowkit";
 
@@ -106,3 +107,9 @@ void qk_tool_print_format_specific(const QkImageInfo *info)
     }
 }
 
+
+bool qk_tool_same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}

@@ -36,6 +36,11 @@ void qk_progress_update(QkProgress *p, uint64_t done, uint64_t total)
     }
 }
 
+void qk_progress_report(uint64_t done, uint64_t total, void *progress)
+{
+    qk_progress_update(progress, done, total);
+}
+
 void qk_progress_finish(QkProgress *p)
 {
     if (!p->enabled) {

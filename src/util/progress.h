@@ -22,6 +22,8 @@ typedef struct QkProgress {
 void qk_progress_init(QkProgress *p, FILE *out, bool enabled);
 /* Shows done/total (total 0 counts as nothing left to do). */
 void qk_progress_update(QkProgress *p, uint64_t done, uint64_t total);
+/* The same as a job's progress callback: opaque is the QkProgress. */
+void qk_progress_report(uint64_t done, uint64_t total, void *progress);
 /* Shows 100% and ends the line. */
 void qk_progress_finish(QkProgress *p);
 /* Hundredths of a percent for done/total, clamped to 0..10000. */
