@@ -164,6 +164,13 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
                              MIN_RB_CACHE, (uint64_t)s->cluster_size);
             goto fail;
         }
+        /* Nor more refcount blocks than a fully allocated image (or the
+         * file as it is, whichever is larger) can have: the cache is
+         * allocated up front, so an absurd size must not become an
+         * absurd allocation. */
+        uint64_t host = (s->h.size >> s->cluster_bits) + qcow2_l1_needed(s, s->h.size) + s->rt_clusters;
+        uint64_t rb_need = QK_MAX(host, (uint64_t)flen >> s->cluster_bits) >> s->rb_bits;
+        rb_entries = QK_MAX(QK_MIN(rb_entries, rb_need + 2), MIN_RB_CACHE);
         l2_entries = QK_MIN(all - rb_entries, QK_MAX(qcow2_l1_needed(s, s->h.size), MIN_L2_CACHE));
     } else {
         l2_entries = QK_MIN(qcow2_l1_needed(s, s->h.size), DEFAULT_L2_CACHE_MAX / s->cluster_size);

@@ -56,6 +56,18 @@ int main(void)
         qk_block_close(bs);
     }
 
+    /* Absurd: the cache is allocated up front, so neither kind of table
+     * may take more than the image can ever use (a 4 KiB-cluster image of
+     * LEN bytes needs 8 refcount blocks; 2 more are allowed for growth). */
+    memset(&err, 0, sizeof(err));
+    bs = open_with(INT64_MAX, &err);
+    QK_CHECK(bs != NULL);
+    if (bs) {
+        QK_CHECK_EQ(qcow2_cache_bytes(qcow2_state(bs)->l2_cache), 32 * 4096);
+        QK_CHECK(qcow2_cache_bytes(qcow2_state(bs)->rb_cache) <= (8 + 2) * 4096);
+        qk_block_close(bs);
+    }
+
     /* The minimum: two L2 tables and four refcount blocks. */
     const uint64_t bound = 6 * 4096;
     memset(&err, 0, sizeof(err));
