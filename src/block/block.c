@@ -526,8 +526,15 @@ int coroutine_fn qk_co_pwritev(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov 
     if (r < 0 || bytes == 0) {
         return r;
     }
+    if ((flags & QK_REQ_COMPRESSED) && !bs->drv->co_pwritev_compressed) {
+        return -ENOTSUP;
+    }
     write_begin(bs, QK_WRITE_DATA, off, bytes);
-    r = bs->drv->co_pwritev(bs, off, bytes, qiov, qiov_off, flags);
+    if (flags & QK_REQ_COMPRESSED) {
+        r = bs->drv->co_pwritev_compressed(bs, off, bytes, qiov, qiov_off);
+    } else {
+        r = bs->drv->co_pwritev(bs, off, bytes, qiov, qiov_off, flags);
+    }
     if (r == 0 && (bs->open_flags & QK_OPEN_WRITETHROUGH) && !bs->drv->is_protocol) {
         r = qk_co_flush(bs);
     }

@@ -45,6 +45,10 @@ enum {
      * the kernel writes back dirty pages of the range first, so the data
      * is the same, at a third of the CPU and without filling the cache. */
     QK_REQ_BULK_READ = 1 << 3,
+    /* Write: store compressed (convert -c, qemu-io write -c). off is
+     * cluster-aligned and bytes whole clusters, the last one may end at
+     * the image's end; -ENOTSUP where the format cannot compress. */
+    QK_REQ_COMPRESSED = 1 << 4,
     /* Bits 8..11 say what a format driver writes to its file (QK_REQ_KIND
      * in block/inject.h), so fault injection can pick metadata writes. */
 };
@@ -149,6 +153,9 @@ struct QkBlockDriver {
                                   size_t qiov_off, int flags);
     int coroutine_fn (*co_pwritev)(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov,
                                    size_t qiov_off, int flags);
+    /* QK_REQ_COMPRESSED writes; NULL: the format cannot compress. */
+    int coroutine_fn (*co_pwritev_compressed)(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov,
+                                              size_t qiov_off);
     int coroutine_fn (*co_pwrite_zeroes)(QkBlock *bs, uint64_t off, uint64_t bytes, int flags);
     int coroutine_fn (*co_pdiscard)(QkBlock *bs, uint64_t off, uint64_t bytes);
     int coroutine_fn (*co_flush)(QkBlock *bs);      /* driver's own metadata; children are flushed by the layer */
