@@ -339,6 +339,7 @@ const QkBlockDriver qk_drv_qcow2 = {
     .co_create = qcow2_co_create,
     .co_preadv = qcow2_co_preadv,
     .co_pwritev = qcow2_co_pwritev,
+    .co_pwritev_compressed = qcow2_co_pwritev_compressed,
     .co_pwrite_zeroes = qcow2_co_pwrite_zeroes,
     .co_pdiscard = qcow2_co_pdiscard,
     .co_flush = qcow2_co_flush,

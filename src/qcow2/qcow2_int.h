@@ -210,6 +210,10 @@ struct Qcow2State {
     Qcow2Req *reqs;
     uint8_t *zero_buf;          /* one cluster of zeros, shared */
     Qcow2CleanSlot *clean;      /* clean-host table (deps.c), lazily made */
+    uint64_t comp_next;         /* compress.c: next free byte of the host cluster being
+                                   filled with compressed clusters (0: none); reset when
+                                   that cluster's refcount falls to zero */
+    int compress_level;         /* 0: the type's default (zlib 6, zstd 3) */
     void *cow_pool[4];          /* spare copy-on-write buffers (write.c) */
     unsigned cow_pool_n;
 };
@@ -333,6 +337,13 @@ int coroutine_fn qcow2_co_preadv(QkBlock *bs, uint64_t off, uint64_t bytes, QkIo
 /* write.c */
 void qcow2_write_free(Qcow2State *s);
 int coroutine_fn qcow2_co_pwritev(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov, size_t qoff, int flags);
+/* compress.c */
+int coroutine_fn qcow2_co_pwritev_compressed(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov,
+                                             size_t qoff);
+/* Compresses one cluster with compression type 0 (zlib) or 1 (zstd) at
+ * level (0: default) into out; the compressed length, or 0 when it does
+ * not fit in cap bytes. Thread-safe. */
+size_t qcow2_compress_cluster(int type, int level, const uint8_t *in, size_t len, uint8_t *out, size_t cap);
 
 /* zero.c */
 int coroutine_fn qcow2_co_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t bytes, int flags);

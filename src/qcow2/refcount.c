@@ -530,6 +530,9 @@ int coroutine_fn qcow2_update_refcount(Qcow2State *s, uint64_t off, uint64_t len
         qcow2_rb_set(s, b, i, nv);
         qcow2_cache_mark_dirty(s->rb_cache, b);
         if (nv == 0) {
+            if (s->comp_next && (s->comp_next - 1) >> s->cluster_bits == c) {
+                s->comp_next = 0; /* free now: compressed writes must not add to it */
+            }
             if (c < s->free_hint) {
                 s->free_hint = c;
             }

@@ -1,0 +1,183 @@
+/*
+ * Compressed cluster writes (convert -c, qemu-io write -c). Each guest
+ * cluster is deflated (compression type 0: raw deflate, 4 KiB window as
+ * the spec requires) or zstd-compressed (type 1) on its own; data that
+ * does not shrink below a cluster is written uncompressed, as QEMU does.
+ * Compressed clusters are packed into host clusters one after another,
+ * each starting on a 512-byte sector (the L2 entry counts sectors) and
+ * padded to the end of its last sector, so a reader of the whole range
+ * never reads past the file's end. Every compressed cluster holds one
+ * reference on the host cluster it lies in: a host cluster shared by
+ * several is freed when the last of them is.
+ *
+ * Order: the host bytes are reserved (refcount) before the data is
+ * written, the data before the L2 entry that points at it (the L2 cache
+ * depends on the refcount cache, and a barrier keeps the table back until
+ * the data is flushed), and an old cluster's reference drops only after
+ * the new entry replaced it.
+ */
+#include "qcow2/qcow2_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#define SECTOR 512u
+
+/* Compresses in (len bytes) into out (cap bytes); returns the compressed
+ * length, or 0 when it does not fit in cap. May run on any thread. */
+static size_t compress_zlib(const uint8_t *in, size_t len, uint8_t *out, size_t cap, int level)
+{
+    z_stream z;
+    memset(&z, 0, sizeof(z));
+    /* Raw deflate with a 4 KiB window: what readers of type 0 expect. */
+    if (deflateInit2(&z, level, Z_DEFLATED, -12, 9, Z_DEFAULT_STRATEGY) != Z_OK) {
+        return 0;
+    }
+    z.next_in = (Bytef *)in;
+    z.avail_in = (uInt)len;
+    z.next_out = out;
+    z.avail_out = (uInt)cap;
+    int r = deflate(&z, Z_FINISH);
+    size_t n = r == Z_STREAM_END ? cap - z.avail_out : 0;
+    deflateEnd(&z);
+    return n;
+}
+
+static size_t compress_zstd(const uint8_t *in, size_t len, uint8_t *out, size_t cap, int level)
+{
+    size_t n = ZSTD_compress(out, cap, in, len, level);
+    return ZSTD_isError(n) ? 0 : n;
+}
+
+size_t qcow2_compress_cluster(int type, int level, const uint8_t *in, size_t len, uint8_t *out, size_t cap)
+{
+    if (type == 1) {
+        return compress_zstd(in, len, out, cap, level ? level : ZSTD_CLEVEL_DEFAULT);
+    }
+    return compress_zlib(in, len, out, cap, level ? level : Z_DEFAULT_COMPRESSION);
+}
+
+/* Reserves len bytes (whole sectors, at most a cluster) for compressed
+ * data and takes the reference that covers them; returns the host
+ * offset or -errno. Called with s->lock held. */
+static int64_t coroutine_fn place(Qcow2State *s, uint64_t len)
+{
+    const uint64_t cs = s->cluster_size;
+    uint64_t cur = s->comp_next;
+    uint64_t used = cur & (cs - 1);
+    if (cur && used && used + len <= cs) {
+        /* comp_next is reset when the cluster's refcount falls to zero,
+         * so the cluster still holds our earlier clusters: one more. */
+        int r = qcow2_update_refcount(s, cur, len, 1);
+        if (r == 0) {
+            s->comp_next = cur + len;
+            return (int64_t)cur;
+        }
+        if (r != -ERANGE) {
+            return r;
+        }
+        /* The refcount width cannot count another user: a new cluster. */
+    }
+    int64_t h = qcow2_alloc_clusters(s, 1);
+    if (h < 0) {
+        return h;
+    }
+    qcow2_clean_forget(s, (uint64_t)h);
+    s->comp_next = (uint64_t)h + len;
+    return h;
+}
+
+/* L2 entry of a compressed cluster of clen bytes at host. */
+static uint64_t compressed_entry(const Qcow2State *s, uint64_t host, uint64_t clen)
+{
+    unsigned shift = 62 - (s->cluster_bits - 8);
+    uint64_t extra = ((host + clen - 1) / SECTOR) - (host / SECTOR);
+    return QCOW2_OFLAG_COMPRESSED | (extra << shift) | host;
+}
+
+/* Points the L2 entry of guest cluster c at the compressed data and drops
+ * what the entry referred to before. Called with s->lock held. */
+static int coroutine_fn set_entry(Qcow2State *s, uint64_t c, uint64_t entry)
+{
+    uint64_t l1i = c >> s->l2_bits, i = c & (s->l2_entries - 1);
+    void *t;
+    int r = qcow2_get_l2_for_write(s, l1i, &t);
+    if (r < 0) {
+        return r;
+    }
+    /* The data just written is not durable yet (see update_l2 in write.c). */
+    qcow2_cache_barrier(s->l2_cache);
+    uint64_t bm;
+    uint64_t old = qcow2_l2_get(s, t, i, &bm);
+    /* Extended L2: a compressed cluster's bitmap is all zeros. */
+    qcow2_l2_set(s, t, i, entry, 0);
+    qcow2_cache_mark_dirty(s->l2_cache, t);
+    qcow2_cache_put(s->l2_cache, &t);
+    bool had_host = (old & QCOW2_OFLAG_COMPRESSED) || (old & QCOW2_L2E_OFFSET_MASK);
+    return had_host ? qcow2_free_l2_entry(s, old) : 0;
+}
+
+/* One guest cluster c whose data (len bytes, zero-padded to a cluster) is
+ * in buf; out has room for a cluster plus a sector. */
+static int coroutine_fn write_one(Qcow2State *s, uint64_t c, const uint8_t *buf, uint64_t len, uint8_t *out)
+{
+    const uint64_t cs = s->cluster_size;
+    /* Smaller than a cluster, or it is not worth it (and the sector count
+     * field could not describe it). */
+    size_t clen = qcow2_compress_cluster(s->h.compression_type, s->compress_level, buf, cs, out, cs - 1);
+    if (clen == 0) {
+        QkIov q;
+        qk_iov_init_buf(&q, (void *)buf, len);
+        return qcow2_co_pwritev(s->bs, c << s->cluster_bits, len, &q, 0, 0);
+    }
+    uint64_t wlen = qk_align_up(clen, SECTOR);
+    memset(out + clen, 0, wlen - clen);
+
+    Qcow2Req req;
+    qcow2_req_begin(s, &req, c << s->cluster_bits, (c + 1) << s->cluster_bits, true);
+    qk_co_mutex_lock(&s->lock);
+    int r = qcow2_mark_dirty(s);
+    int64_t host = r == 0 ? place(s, wlen) : r;
+    qk_co_mutex_unlock(&s->lock);
+    if (host < 0) {
+        qcow2_req_end(s, &req);
+        return (int)host;
+    }
+    r = qk_co_pwrite(s->bs->file, (uint64_t)host, wlen, out, 0);
+    qk_co_mutex_lock(&s->lock);
+    if (r == 0) {
+        r = set_entry(s, c, compressed_entry(s, (uint64_t)host, clen));
+    } else {
+        /* Nothing points at the bytes: give our reference back. */
+        qcow2_update_refcount(s, (uint64_t)host, wlen, -1);
+    }
+    qk_co_mutex_unlock(&s->lock);
+    qcow2_req_end(s, &req);
+    return r;
+}
+
+int coroutine_fn qcow2_co_pwritev_compressed(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov,
+                                             size_t qoff)
+{
+    Qcow2State *s = qcow2_state(bs);
+    const uint64_t cs = s->cluster_size;
+    /* Whole clusters only; the last may be cut short by the image's end. */
+    if ((off & (cs - 1)) || ((bytes & (cs - 1)) && off + bytes != bs->size)) {
+        return -EINVAL;
+    }
+    uint8_t *buf = qk_aligned_alloc(QK_MAX(4096u, bs->mem_alignment), cs);
+    uint8_t *out = malloc(cs + SECTOR);
+    int r = buf && out ? 0 : -ENOMEM;
+    for (uint64_t done = 0; r == 0 && done < bytes; done += cs) {
+        uint64_t n = QK_MIN(cs, bytes - done);
+        qk_iov_to_buf(qiov, qoff + done, buf, n);
+        memset(buf + n, 0, cs - n);
+        r = write_one(s, (off + done) >> s->cluster_bits, buf, n, out);
+    }
+    free(buf);
+    free(out);
+    return r;
+}
