@@ -33,8 +33,9 @@ typedef struct IoReq {
 /* Parses "[options] off len" into r. Returns 0 or -EINVAL (already reported). */
 static int parse_rw(IoReq *r, int argc, char **argv)
 {
-    const char *optstr = r->write ? "P:zufnq" : "P:qv";
-    bool need_z_u = false, need_z_n = false;
+    const char *optstr = r->write ? "P:s:zufnqc" : "P:qv";
+    const char *src_file = NULL;
+    bool need_z_u = false, need_z_n = false, compressed = false;
     int c;
     while ((c = getopt(argc, argv, optstr)) != -1) {
         switch (c) {
@@ -44,10 +45,12 @@ static int parse_rw(IoReq *r, int argc, char **argv)
                 return -EINVAL;
             }
             break;
+        case 's': src_file = optarg; break;
         case 'z': r->zero = true; break;
         case 'u': r->flags |= QK_REQ_MAY_UNMAP; need_z_u = true; break;
         case 'n': r->flags |= QK_REQ_NO_FALLBACK; need_z_n = true; break;
         case 'f': r->flags |= QK_REQ_FUA; break;
+        case 'c': compressed = true; break;
         case 'q': r->quiet = true; break;
         case 'v': r->verbose = true; break;
         default:
@@ -59,9 +62,16 @@ static int parse_rw(IoReq *r, int argc, char **argv)
         qk_io_usage(r->cmd);
         return -EINVAL;
     }
-    if (r->zero && r->pattern >= 0) {
+    if ((r->zero ? 1 : 0) + (r->pattern >= 0 ? 1 : 0) + (src_file ? 1 : 0) > 1) {
         printf("Only one of -z, -P, and -s can be specified at the same time\n");
         return -EINVAL;
+    }
+    if (compressed && (r->flags & QK_REQ_FUA)) {
+        printf("-f and -b or -c cannot be specified at the same time\n");
+        return -EINVAL;
+    }
+    if (compressed && !r->zero) {
+        r->flags |= QK_REQ_COMPRESSED; /* a zero write ignores -c, as qemu-io's does */
     }
     if (need_z_u && !r->zero) {
         printf("-u requires -z to be specified\n");
@@ -92,6 +102,21 @@ static int parse_rw(IoReq *r, int argc, char **argv)
         }
         /* Unread bytes show up as 0xab; unpatterned writes carry 0xcd. */
         memset(r->buf, r->write ? (r->pattern >= 0 ? r->pattern : 0xcd) : 0xab, (size_t)r->count);
+        if (src_file) {
+            /* -s: the data comes from a file (a short file leaves the
+             * rest of the buffer as an unpatterned write's). */
+            FILE *f = fopen(src_file, "rb");
+            if (!f) {
+                fprintf(stderr, "%s: %s\n", src_file, strerror(errno));
+                return -errno;
+            }
+            if (fread(r->buf, 1, (size_t)r->count, f) < (size_t)r->count && ferror(f)) {
+                fprintf(stderr, "%s: %s\n", src_file, strerror(EIO));
+                fclose(f);
+                return -EIO;
+            }
+            fclose(f);
+        }
     }
     return 0;
 }
@@ -301,7 +326,7 @@ static int coroutine_fn truncate_f(QkIo *io, int argc, char **argv)
 const QkIoCmd qk_io_rw_cmds[] = {
     {"read", "r", 2, -1, "[-qv] [-P pattern] off len",
      "reads a number of bytes at a specified offset", read_f},
-    {"write", "w", 2, -1, "[-fnquz] [-P pattern] off len",
+    {"write", "w", 2, -1, "[-cfnquz] [-P pattern | -s src_file] off len",
      "writes a number of bytes at a specified offset", write_f},
     {"aio_read", NULL, 2, -1, "[-qv] [-P pattern] off len",
      "asynchronously reads a number of bytes", aio_read_f},
