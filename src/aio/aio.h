@@ -13,6 +13,8 @@
 
 #include "aio/coroutine.h"
 
+/* off UINT64_MAX reads at the descriptor's own position: for descriptors
+ * that have no offsets (an eventfd, a pipe). */
 ssize_t coroutine_fn qk_co_host_preadv(int fd, const struct iovec *iov, int iovcnt, uint64_t off);
 ssize_t coroutine_fn qk_co_host_pwritev(int fd, const struct iovec *iov, int iovcnt, uint64_t off);
 int coroutine_fn qk_co_host_fdatasync(int fd);

@@ -40,7 +40,8 @@ static int64_t run_one(QkAioReq *r)
     ssize_t n;
     switch (r->op) {
     case QK_AIO_READ:
-        n = preadv(r->fd, r->iov, r->iovcnt, (off_t)r->off);
+        /* UINT64_MAX: a descriptor without offsets (see aio.h). */
+        n = r->off == UINT64_MAX ? readv(r->fd, r->iov, r->iovcnt) : preadv(r->fd, r->iov, r->iovcnt, (off_t)r->off);
         break;
     case QK_AIO_WRITE:
         n = pwritev(r->fd, r->iov, r->iovcnt, (off_t)r->off);
