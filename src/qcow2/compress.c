@@ -17,6 +17,8 @@
  * the new entry replaced it.
  */
 #include "qcow2/qcow2_int.h"
+#include "aio/task_pool.h"
+#include "aio/work_pool.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -60,18 +62,37 @@ size_t qcow2_compress_cluster(int type, int level, const uint8_t *in, size_t len
     return compress_zlib(in, len, out, cap, level ? level : Z_DEFAULT_COMPRESSION);
 }
 
+typedef struct CompressJob {
+    int type, level;
+    const uint8_t *in;
+    size_t len;
+    uint8_t *out;
+    size_t cap;
+    size_t result;
+} CompressJob;
+
+static void compress_job(void *opaque)
+{
+    CompressJob *j = opaque;
+    j->result = qcow2_compress_cluster(j->type, j->level, j->in, j->len, j->out, j->cap);
+}
+
 /* Reserves len bytes (whole sectors, at most a cluster) for compressed
- * data and takes the reference that covers them; returns the host
- * offset or -errno. Called with s->lock held. */
+ * data and takes the references that cover them; returns the host offset
+ * or -errno. Data packs tightly: what does not fit in the rest of the
+ * cluster being filled runs on into the next one when that is the
+ * cluster the allocator hands out (the usual case at the file's end), as
+ * the spec allows. Called with s->lock held. */
 static int64_t coroutine_fn place(Qcow2State *s, uint64_t len)
 {
     const uint64_t cs = s->cluster_size;
     uint64_t cur = s->comp_next;
     uint64_t used = cur & (cs - 1);
+    int r;
     if (cur && used && used + len <= cs) {
         /* comp_next is reset when the cluster's refcount falls to zero,
          * so the cluster still holds our earlier clusters: one more. */
-        int r = qcow2_update_refcount(s, cur, len, 1);
+        r = qcow2_update_refcount(s, cur, len, 1);
         if (r == 0) {
             s->comp_next = cur + len;
             return (int64_t)cur;
@@ -80,12 +101,25 @@ static int64_t coroutine_fn place(Qcow2State *s, uint64_t len)
             return r;
         }
         /* The refcount width cannot count another user: a new cluster. */
+        cur = 0;
     }
     int64_t h = qcow2_alloc_clusters(s, 1);
     if (h < 0) {
         return h;
     }
     qcow2_clean_forget(s, (uint64_t)h);
+    if (cur && used && (uint64_t)h == qk_align_up(cur, cs)) {
+        /* Contiguous: start in the partly filled cluster. */
+        r = qcow2_update_refcount(s, cur, 1, 1);
+        if (r == 0) {
+            s->comp_next = cur + len;
+            return (int64_t)cur;
+        }
+        if (r != -ERANGE) {
+            qcow2_free_clusters(s, (uint64_t)h, cs);
+            return r;
+        }
+    }
     s->comp_next = (uint64_t)h + len;
     return h;
 }
@@ -127,7 +161,13 @@ static int coroutine_fn write_one(Qcow2State *s, uint64_t c, const uint8_t *buf,
     const uint64_t cs = s->cluster_size;
     /* Smaller than a cluster, or it is not worth it (and the sector count
      * field could not describe it). */
-    size_t clen = qcow2_compress_cluster(s->h.compression_type, s->compress_level, buf, cs, out, cs - 1);
+    CompressJob job = {.type = s->h.compression_type, .level = s->compress_level, .in = buf, .len = cs,
+                       .out = out, .cap = cs - 1};
+    /* A cluster takes a millisecond or more to deflate: on a worker
+     * thread, so that requests in parallel compress in parallel and the
+     * loop keeps serving I/O. */
+    qk_co_run_in_thread(compress_job, &job);
+    size_t clen = job.result;
     if (clen == 0) {
         QkIov q;
         qk_iov_init_buf(&q, (void *)buf, len);
@@ -159,6 +199,28 @@ static int coroutine_fn write_one(Qcow2State *s, uint64_t c, const uint8_t *buf,
     return r;
 }
 
+/* One cluster of a request, run as a task so that the clusters of a long
+ * request compress in parallel. */
+typedef struct ClusterTask {
+    Qcow2State *s;
+    uint64_t c, len;
+    uint8_t *buf, *out;
+} ClusterTask;
+
+static int coroutine_fn cluster_task(void *opaque)
+{
+    ClusterTask *t = opaque;
+    int r = write_one(t->s, t->c, t->buf, t->len, t->out);
+    free(t->buf);
+    free(t->out);
+    free(t);
+    return r;
+}
+
+/* Clusters of one request compressed at once (the worker threads bound
+ * the real parallelism; this bounds the buffers). */
+#define MAX_PARALLEL 16
+
 int coroutine_fn qcow2_co_pwritev_compressed(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov,
                                              size_t qoff)
 {
@@ -168,16 +230,34 @@ int coroutine_fn qcow2_co_pwritev_compressed(QkBlock *bs, uint64_t off, uint64_t
     if ((off & (cs - 1)) || ((bytes & (cs - 1)) && off + bytes != bs->size)) {
         return -EINVAL;
     }
-    uint8_t *buf = qk_aligned_alloc(QK_MAX(4096u, bs->mem_alignment), cs);
-    uint8_t *out = malloc(cs + SECTOR);
-    int r = buf && out ? 0 : -ENOMEM;
+    QkTaskPool *pool = bytes > cs ? qk_task_pool_new(MAX_PARALLEL) : NULL;
+    int r = 0;
     for (uint64_t done = 0; r == 0 && done < bytes; done += cs) {
         uint64_t n = QK_MIN(cs, bytes - done);
+        ClusterTask *t = malloc(sizeof(*t));
+        uint8_t *buf = qk_aligned_alloc(QK_MAX(4096u, bs->mem_alignment), cs);
+        uint8_t *out = malloc(cs + SECTOR);
+        if (!t || !buf || !out) {
+            free(t);
+            free(buf);
+            free(out);
+            r = -ENOMEM;
+            break;
+        }
         qk_iov_to_buf(qiov, qoff + done, buf, n);
         memset(buf + n, 0, cs - n);
-        r = write_one(s, (off + done) >> s->cluster_bits, buf, n, out);
+        *t = (ClusterTask){.s = s, .c = (off + done) >> s->cluster_bits, .len = n, .buf = buf, .out = out};
+        if (pool) {
+            qk_task_pool_start(pool, cluster_task, t);
+            r = qk_task_pool_status(pool);
+        } else {
+            r = cluster_task(t);
+        }
     }
-    free(buf);
-    free(out);
+    if (pool) {
+        qk_task_pool_wait_all(pool);
+        r = r ? r : qk_task_pool_status(pool);
+        qk_task_pool_free(pool);
+    }
     return r;
 }
