@@ -36,6 +36,7 @@ extern const QkCommand qk_cmd_commit;
 extern const QkCommand qk_cmd_rebase;
 extern const QkCommand qk_cmd_dd;
 extern const QkCommand qk_cmd_amend;
+extern const QkCommand qk_cmd_compare;
 
 /* Shared helpers for commands (tools/common.c). */
 /* Prints "qcowkit: <msg>" to stderr. */
