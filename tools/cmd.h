@@ -37,6 +37,7 @@ extern const QkCommand qk_cmd_rebase;
 extern const QkCommand qk_cmd_dd;
 extern const QkCommand qk_cmd_amend;
 extern const QkCommand qk_cmd_compare;
+extern const QkCommand qk_cmd_measure;
 
 /* Shared helpers for commands (tools/common.c). */
 /* Prints "qcowkit: <msg>" to stderr. */
