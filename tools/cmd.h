@@ -34,6 +34,7 @@ extern const QkCommand qk_cmd_snapshot;
 extern const QkCommand qk_cmd_resize;
 extern const QkCommand qk_cmd_commit;
 extern const QkCommand qk_cmd_rebase;
+extern const QkCommand qk_cmd_convert;
 extern const QkCommand qk_cmd_dd;
 extern const QkCommand qk_cmd_amend;
 extern const QkCommand qk_cmd_compare;

@@ -17,6 +17,7 @@ static const QkCommand *const commands[] = {
     &qk_cmd_info,
     &qk_cmd_measure,
     &qk_cmd_check,
+    &qk_cmd_convert,
     &qk_cmd_map,
     &qk_cmd_compare,
     &qk_cmd_resize,

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""qcowkit convert against qemu-img convert (convert.sh): the same inputs
+(made by qemu-img/qemu-io: data, zero clusters, discards, backing chains,
+random chains from twin.random_chain), each tool writing its own output.
+Requires the same exit status and messages (program name aside, progress
+reduced to its first and last state), outputs that read the same (qemu-img
+compare), the same virtual size, format, cluster size and backing file,
+and `qemu-img check` clean on our qcow2 outputs.
+Usage: convert.py QCOWKIT WORKDIR
+"""
+import json
+import os
+import re
+import shutil
+import sys
+
+from twin import bad, finish, new_case, random_chain, run, run_both, same_name, sh
+
+QK, WORK = sys.argv[1], sys.argv[2]
+M = 1 << 20
+
+src = os.path.join(WORK, "src")
+os.makedirs(src)
+
+
+def io(f, *cmds, fmt="qcow2"):
+    sh(["qemu-io", "-f", fmt] + [a for c in cmds for a in ("-c", c)] + [f], src)
+
+
+sh(["qemu-img", "create", "-q", "-f", "qcow2", "base.qcow2", str(8 * M)], src)
+io("base.qcow2", "write -P 0x11 0 8M")
+sh(["qemu-img", "create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2", str(8 * M + 3072)], src)
+io("top.qcow2", "write -P 7 1M 3M", "write -z 5M 1M", "discard 6M 512k", "write -P 3 %d 3072" % (8 * M),
+   "write -P 0 7M 64k", "write -P 9 7340032 4096")
+sh(["qemu-img", "create", "-q", "-f", "qcow2", "other.qcow2", str(8 * M)], src)
+io("other.qcow2", "write -P 0x22 0 8M")
+sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "cluster_size=512", "small.qcow2", str(M)], src)
+io("small.qcow2", "write -P 5 1000 7000", "write -z 100k 20k")
+sh(["qemu-img", "create", "-q", "-f", "qcow2", "empty1t.qcow2", "1T"], src)
+sh(["qemu-img", "convert", "-O", "raw", "top.qcow2", "in.raw"], src)
+sh(["qemu-img", "create", "-q", "-f", "raw", "big.raw", str(40 * M)], src)
+sh(["qemu-img", "create", "-q", "-f", "qcow2", "big.qcow2", str(40 * M)], src)
+io("big.qcow2", "write -P 0x44 0 40M")
+chain = random_chain(1234)
+prev = None
+for f, size, opts, cmds in chain:
+    c = ["qemu-img", "create", "-q", "-f", "qcow2", "-o", opts]
+    if prev:
+        c += ["-b", prev, "-F", "qcow2"]
+    sh(c + [f, str(size)], src)
+    io(f, *cmds)
+    prev = f
+chain_top = prev
+
+
+def norm(t):
+    t = same_name(t)
+    lines = t.split("\n")
+    prog = [i for i, l in enumerate(lines) if re.fullmatch(r"    \(\d+\.\d\d/100%\)", l)]
+    drop = set(prog[1:-1])
+    return "\n".join(l for i, l in enumerate(lines) if i not in drop)
+
+
+def info(d, f, fmt):
+    rc, out, _ = run(["qemu-img", "info", "--output=json", "-U", "-f", fmt, f], d)
+    if rc != 0:
+        return None
+    j = json.loads(out)
+    return (j["virtual-size"], j["format"], j.get("cluster-size"), j.get("backing-filename"),
+            j.get("backing-filename-format"))
+
+
+def case(name, args, out="o", out_fmt="raw"):
+    n = new_case()
+    q, k = os.path.join(WORK, "q%d" % n), os.path.join(WORK, "k%d" % n)
+    shutil.copytree(src, q)
+    shutil.copytree(src, k)
+    rq, rk = run_both(name, QK, "convert", args, q, k, norm)
+    qo, ko = os.path.join(q, out), os.path.join(k, out)
+    if os.path.exists(qo) != os.path.exists(ko):
+        bad(name, "output exists: qemu-img %s, qcowkit %s" % (os.path.exists(qo), os.path.exists(ko)))
+    elif rq[0] == 0 and os.path.exists(qo):
+        iq, ik = info(q, out, out_fmt), info(k, out, out_fmt)
+        if iq != ik:
+            bad(name, "info: qemu-img %s, qcowkit %s" % (iq, ik))
+        rc, o, e = run(["qemu-img", "compare", "-U", "-f", out_fmt, "-F", out_fmt, qo, ko], q)
+        if rc != 0:
+            bad(name, "outputs read differently: %s%s" % (o, e))
+        if out_fmt == "qcow2":
+            rc, o, _ = run(["qemu-img", "check", ko], k)
+            if rc != 0:
+                bad(name, "qemu-img check: %s" % o.strip())
+    shutil.rmtree(q)
+    shutil.rmtree(k)
+
+
+Q = ["-O", "qcow2"]
+case("qcow2->qcow2 (chain flattened)", Q + ["top.qcow2", "o"], out_fmt="qcow2")
+case("qcow2->raw", ["top.qcow2", "o"])
+case("raw->qcow2", Q + ["-f", "raw", "in.raw", "o"], out_fmt="qcow2")
+case("raw->raw", ["in.raw", "o"])
+case("random chain flattened", Q + [chain_top, "o"], out_fmt="qcow2")
+case("random chain -> raw, -m 1", ["-m", "1", chain_top, "o"])
+case("-B other", Q + ["-B", "other.qcow2", "-F", "qcow2", "top.qcow2", "o"], out_fmt="qcow2")
+case("-B base of a random chain", Q + ["-B", chain[0][0], "-F", "qcow2", chain_top, "o"], out_fmt="qcow2")
+case("-o backing_file", Q + ["-o", "backing_file=base.qcow2,backing_fmt=qcow2", "top.qcow2", "o"], out_fmt="qcow2")
+case("several sources", Q + ["top.qcow2", "small.qcow2", "in.raw", "o"], out_fmt="qcow2")
+case("several sources -> raw, -W", ["-W", "small.qcow2", "top.qcow2", "o"])
+case("-n raw target", ["-n", "top.qcow2", "big.raw"], out="big.raw")
+case("-n qcow2 target with data", Q + ["-n", "top.qcow2", "big.qcow2"], out="big.qcow2", out_fmt="qcow2")
+case("-n --target-is-zero", Q + ["-n", "--target-is-zero", "small.qcow2", "big.qcow2"], out="big.qcow2",
+     out_fmt="qcow2")
+case("-n -B (top layer only)", Q + ["-n", "-B", "base.qcow2", "-F", "qcow2", "top.qcow2", "big.qcow2"],
+     out="big.qcow2", out_fmt="qcow2")
+case("-S 0", Q + ["-S", "0", "top.qcow2", "o"], out_fmt="qcow2")
+case("-S 64k", Q + ["-S", "64k", "small.qcow2", "o"], out_fmt="qcow2")
+case("-S 0 raw", ["-S", "0", "small.qcow2", "o"])
+case("cluster_size=512", Q + ["-o", "cluster_size=512", "top.qcow2", "o"], out_fmt="qcow2")
+case("cluster_size=2M", Q + ["-o", "cluster_size=2M", "top.qcow2", "o"], out_fmt="qcow2")
+case("extended_l2=on", Q + ["-o", "extended_l2=on", "top.qcow2", "o"], out_fmt="qcow2")
+case("compat=0.10", Q + ["-o", "compat=0.10,refcount_bits=16", "top.qcow2", "o"], out_fmt="qcow2")
+case("two -o lists, lazy_refcounts", Q + ["-o", "cluster_size=4k", "-o", "lazy_refcounts=on", "top.qcow2", "o"],
+     out_fmt="qcow2")
+case("preallocation=metadata", Q + ["-o", "preallocation=metadata", "small.qcow2", "o"], out_fmt="qcow2")
+case("empty 1T", Q + ["empty1t.qcow2", "o"], out_fmt="qcow2")
+case("empty 1T -> raw", ["empty1t.qcow2", "o"])
+case("-c", Q + ["-c", "top.qcow2", "o"], out_fmt="qcow2")
+case("-c zstd, -B", Q + ["-c", "-o", "compression_type=zstd", "-B", "base.qcow2", "-F", "qcow2", "top.qcow2", "o"],
+     out_fmt="qcow2")
+case("-p", Q + ["-p", "top.qcow2", "o"], out_fmt="qcow2")
+case("-q -p -t none -T writeback -U", Q + ["-q", "-p", "-t", "none", "-T", "writeback", "-U", "top.qcow2", "o"],
+     out_fmt="qcow2")
+case("output replaced", ["small.qcow2", "in.raw"], out="in.raw")
+for args in ([], ["top.qcow2"], ["nope", "o"], ["-O", "bogus", "top.qcow2", "o"], ["-f", "bogus", "top.qcow2", "o"],
+             ["-c", "top.qcow2", "o"], ["-n", "top.qcow2", "missing"], ["-n", "top.qcow2", "small.qcow2"],
+             Q + ["-o", "cluster_size=3", "top.qcow2", "o"], Q + ["-o", "bogus=1", "top.qcow2", "o"],
+             ["-o", "cluster_size=4k", "top.qcow2", "o"], Q + ["-o", "", "top.qcow2", "o"],
+             Q + ["-o", "lazy_refcounts=maybe", "top.qcow2", "o"], Q + ["-o", "size=abc", "top.qcow2", "o"],
+             Q + ["-o", "compat=0.10,lazy_refcounts=on", "top.qcow2", "o"],
+             Q + ["-o", "compat=0.11", "top.qcow2", "o"], Q + ["-o", "extended_l2=on,cluster_size=4k", "top.qcow2", "o"],
+             Q + ["-o", "refcount_bits=3", "top.qcow2", "o"], Q + ["-o", "preallocation=bogus", "top.qcow2", "o"],
+             Q + ["-o", "backing_fmt=qcow2", "top.qcow2", "o"], Q + ["-o", "backing_file=base.qcow2", "top.qcow2", "o"],
+             Q + ["-c", "-o", "preallocation=falloc", "top.qcow2", "o"],
+             ["-S", "abc", "top.qcow2", "o"], ["-S", "1000", "top.qcow2", "o"], ["-m", "0", "top.qcow2", "o"],
+             ["-m", "17", "top.qcow2", "o"], ["-t", "bogus", "top.qcow2", "o"], ["-T", "bogus", "top.qcow2", "o"],
+             ["-B", "base.qcow2", "top.qcow2", "o"], Q + ["-B", "base.qcow2", "top.qcow2", "o"],
+             Q + ["-F", "qcow2", "top.qcow2", "o"], ["--target-is-zero", "top.qcow2", "o"],
+             ["-n", "-o", "cluster_size=4k", "top.qcow2", "o"],
+             Q + ["-n", "--target-is-zero", "-B", "base.qcow2", "-F", "qcow2", "top.qcow2", "big.qcow2"],
+             ["-Z", "top.qcow2", "o"], ["--bogus", "top.qcow2", "o"], ["-O"],
+             Q + ["top.qcow2", "top.qcow2"], Q + ["-n", "top.qcow2", "top.qcow2"]):
+    case("error: %s" % " ".join(args), args)
+
+finish()

@@ -1,0 +1,554 @@
+/*
+ * qcowkit convert: copies one or more images (concatenated) into a new
+ * or, with -n, an existing image (qemu-img convert), qcow2 and raw in
+ * and out, with the same options, messages, exit codes and, as far as
+ * the formats allow, the same allocation in the result.
+ *
+ * Owns argument handling, the -o list, the checks qemu-img makes (in its
+ * order, so the first error reported is the same), creating or opening
+ * the target; the copy itself is jobs/convert.c.
+ */
+#include "cmd.h"
+#include "aio/loop.h"
+#include "jobs/convert.h"
+#include "util/progress.h"
+#include "util/size.h"
+
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const usage_text =
+    "Usage: qcowkit convert [-c] [-p] [-q] [-n] [-W] [-U] [-C] [-f FMT] [-O OUTPUT_FMT]\n"
+    "                       [-o OPTIONS] [-B BACKING_FILE [-F BACKING_FMT]] [-S SPARSE_SIZE]\n"
+    "                       [-m NUM_COROUTINES] [-t CACHE] [-T SRC_CACHE] [-r RATE]\n"
+    "                       [--target-is-zero] SRC [SRC...] DST\n"
+    "\n"
+    "Copies the content of SRC (several are concatenated) into a new image DST\n"
+    "of their total size (replaced if it exists). Only data is read: ranges the\n"
+    "sources know to be zeros are skipped, and the new image stays sparse.\n"
+    "  -f FMT        format of the sources (default: probed)\n"
+    "  -O FMT        format of DST: raw (default) or qcow2\n"
+    "  -o OPTIONS    creation options for DST, as for create ('-o help' lists them)\n"
+    "  -B BACKING    DST gets this backing file (-F its format, required): only what\n"
+    "                the sources' top layers hold is copied\n"
+    "  -c            write DST's clusters compressed (qcow2)\n"
+    "  -n            do not create DST: write into the existing image, which must\n"
+    "                be large enough; zeros are written as zeros\n"
+    "  --target-is-zero  with -n: DST already reads as zeros, skip writing zeros\n"
+    "  -S SIZE       data all zeros over SIZE bytes (default 4k) is left a hole;\n"
+    "                0 writes everything\n"
+    "  -m N          coroutines copying at once, 1..16 (default 8)\n"
+    "  -W            allow writes to DST out of order\n"
+    "  -t CACHE      cache mode for DST (default unsafe): none, writeback,\n"
+    "                writethrough, directsync, unsafe\n"
+    "  -T SRC_CACHE  cache mode for the sources (default writeback)\n"
+    "  -U            open the sources even if another process uses them\n"
+    "  -C, -r RATE   accepted for compatibility; no effect\n"
+    "  -p            show progress\n"
+    "  -q            quiet\n";
+
+static const char *const qcow2_opts_help =
+    "Supported options:\n"
+    "  backing_file=<str>     - File name of a base image\n"
+    "  backing_fmt=<str>      - Image format of the base image\n"
+    "  cluster_size=<size>    - qcow2 cluster size\n"
+    "  compat=<str>           - Compatibility level (v2 [0.10] or v3 [1.1])\n"
+    "  compression_type=<str> - Compression method used for image cluster compression\n"
+    "  extended_l2=<bool (on/off)> - Extended L2 tables\n"
+    "  lazy_refcounts=<bool (on/off)> - Postpone refcount updates\n"
+    "  preallocation=<str>    - Preallocation mode (allowed values: off, metadata, falloc, full)\n"
+    "  refcount_bits=<num>    - Width of a reference count entry in bits\n"
+    "  size=<size>            - Virtual disk size\n";
+
+static const char *const raw_opts_help =
+    "Supported options:\n"
+    "  preallocation=<str>    - Preallocation mode (allowed values: off, falloc, full)\n"
+    "  size=<size>            - Virtual disk size\n";
+
+/* The -o list as given, before its meaning is checked. */
+typedef struct OutOpts {
+    QkCreateOptions o;
+    const char *prealloc, *compat, *compression;
+    bool cluster_size_set;
+} OutOpts;
+
+static int parse_bool(const char *name, const char *v, bool *out)
+{
+    if (strcmp(v, "on") == 0 || strcmp(v, "yes") == 0 || strcmp(v, "true") == 0) {
+        *out = true;
+    } else if (strcmp(v, "off") == 0 || strcmp(v, "no") == 0 || strcmp(v, "false") == 0) {
+        *out = false;
+    } else {
+        qk_tool_error("Parameter '%s' expects 'on' or 'off'", name);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_opt_size(const char *name, const char *v, uint64_t *out)
+{
+    if (qk_parse_size(v, out) < 0) {
+        qk_tool_error("Parameter '%s' expects a non-negative number below 2^64", name);
+        fputs("Optional suffix k, M, G, T, P or E means kilo-, mega-, giga-, tera-, peta-\n"
+              "and exabytes, respectively.\n", stderr);
+        return -1;
+    }
+    return 0;
+}
+
+/* One name=value (a bare name means "on"); syntax only, as qemu-img
+ * parses the list before it looks at the values' meaning. */
+static int apply_opt(OutOpts *a, bool qcow2, char *kv)
+{
+    char *eq = strchr(kv, '=');
+    const char *v = "on";
+    if (eq) {
+        *eq = '\0';
+        v = eq + 1;
+    }
+    uint64_t n;
+    if (strcmp(kv, "size") == 0) {
+        /* Accepted and ignored: the sources decide the size. */
+        return parse_opt_size(kv, v, &n);
+    } else if (strcmp(kv, "preallocation") == 0) {
+        a->prealloc = v;
+    } else if (qcow2 && strcmp(kv, "cluster_size") == 0) {
+        if (parse_opt_size(kv, v, &n) < 0) {
+            return -1;
+        }
+        a->o.cluster_size = n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+        a->cluster_size_set = true;
+    } else if (qcow2 && strcmp(kv, "refcount_bits") == 0) {
+        if (qk_parse_uint(v, &n) < 0) {
+            qk_tool_error("Parameter '%s' expects a number", kv);
+            return -1;
+        }
+        a->o.refcount_bits = n > 1024 ? 1024 : (uint32_t)n;
+    } else if (qcow2 && strcmp(kv, "lazy_refcounts") == 0) {
+        return parse_bool(kv, v, &a->o.lazy_refcounts);
+    } else if (qcow2 && strcmp(kv, "extended_l2") == 0) {
+        return parse_bool(kv, v, &a->o.extended_l2);
+    } else if (qcow2 && strcmp(kv, "compat") == 0) {
+        a->compat = v;
+    } else if (qcow2 && strcmp(kv, "compression_type") == 0) {
+        a->compression = v;
+    } else if (qcow2 && strcmp(kv, "backing_file") == 0) {
+        a->o.backing_file = v;
+    } else if (qcow2 && strcmp(kv, "backing_fmt") == 0) {
+        a->o.backing_fmt = v;
+    } else {
+        qk_tool_error("Invalid parameter '%s'", kv);
+        return -1;
+    }
+    return 0;
+}
+
+static int apply_opt_list(OutOpts *a, bool qcow2, char *list)
+{
+    char *save = NULL;
+    for (char *kv = strtok_r(list, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+        if (apply_opt(a, qcow2, kv) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* qemu-img refuses a list with no name in it as soon as it sees it. */
+static bool valid_opt_list(const char *list)
+{
+    return list[strspn(list, ",")] != '\0';
+}
+
+static int parse_prealloc(const char *s, bool qcow2, QkPrealloc *p)
+{
+    static const char *const names[] = {"off", "metadata", "falloc", "full"};
+    for (size_t i = 0; i < 4; i++) {
+        if (strcmp(s, names[i]) == 0 && (qcow2 || i != QK_PREALLOC_METADATA)) {
+            *p = (QkPrealloc)i;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* The option checks qemu-img makes while creating the image; their
+ * messages come with its "error while converting" prefix. */
+static const char *validate(OutOpts *a, bool qcow2, char *why, size_t len)
+{
+    QkCreateOptions *o = &a->o;
+    if (a->prealloc && parse_prealloc(a->prealloc, qcow2, &o->prealloc) < 0) {
+        snprintf(why, len, "Parameter 'preallocation' does not accept value '%s'", a->prealloc);
+        return why;
+    }
+    if (!qcow2) {
+        return NULL;
+    }
+    if (a->compat) {
+        if (strcmp(a->compat, "0.10") == 0 || strcmp(a->compat, "v2") == 0) {
+            o->compat = 2;
+        } else if (strcmp(a->compat, "1.1") == 0 || strcmp(a->compat, "v3") == 0) {
+            o->compat = 3;
+        } else {
+            snprintf(why, len, "Parameter 'version' does not accept value '%s'", a->compat);
+            return why;
+        }
+    }
+    if (strcmp(a->compression, "zlib") == 0) {
+        o->compression_type = 0;
+    } else if (strcmp(a->compression, "zstd") == 0) {
+        o->compression_type = 1;
+    } else {
+        snprintf(why, len, "Parameter 'compression-type' does not accept value '%s'", a->compression);
+        return why;
+    }
+    uint32_t cs = o->cluster_size ? o->cluster_size : 65536;
+    if (a->cluster_size_set && (cs < 512 || cs > (2u << 20) || (cs & (cs - 1)))) {
+        return "Cluster size must be a power of two between 512 and 2048k";
+    }
+    uint32_t rb = o->refcount_bits ? o->refcount_bits : 16;
+    if (rb > 64 || (rb & (rb - 1)) || rb == 0) {
+        return "Refcount width must be a power of two and may not exceed 64 bits";
+    }
+    if (o->compat == 2) {
+        if (o->lazy_refcounts) {
+            return "Lazy refcounts only supported with compatibility level 1.1 and above (use version=v3 or greater)";
+        }
+        if (rb != 16) {
+            return "Different refcount widths than 16 bits require compatibility level 1.1 or above "
+                   "(use version=v3 or greater)";
+        }
+        if (o->compression_type != 0) {
+            return "Non-zlib compression type is only supported with compatibility level 1.1 and above "
+                   "(use version=v3 or greater)";
+        }
+        if (o->extended_l2) {
+            return "Extended L2 entries are only supported with compatibility level 1.1 and above "
+                   "(use version=v3 or greater)";
+        }
+    }
+    if (o->extended_l2 && cs < 16384) {
+        return "Extended L2 entries are only supported with cluster sizes of at least 16384 bytes";
+    }
+    if (o->backing_fmt && !o->backing_file) {
+        return "Backing format cannot be used without backing file";
+    }
+    if (o->backing_file && o->prealloc != QK_PREALLOC_OFF && !o->extended_l2) {
+        return "Backing file and preallocation can only be used at the same time if extended_l2 is on";
+    }
+    return NULL;
+}
+
+typedef struct ConvertCmd {
+    QkConvertOptions co;
+    QkProgress progress;
+    int ret;
+} ConvertCmd;
+
+static void coroutine_fn convert_co(void *opaque)
+{
+    ConvertCmd *c = opaque;
+    c->ret = qk_co_convert(&c->co);
+}
+
+/* qemu-img's usage errors: the message, then where to look for help. */
+static int usage_error(const char *fmt, const char *arg)
+{
+    qk_tool_error(fmt, arg);
+    fprintf(stderr, "Try '%s --help' for more information\n", qk_progname);
+    return 1;
+}
+
+static void lock_error(const char *prefix, const char *name)
+{
+    qk_tool_error("%sFailed to get \"write\" lock", prefix);
+    fprintf(stderr, "Is another process using the image [%s]?\n", name);
+}
+
+static int run_convert(int argc, char **argv)
+{
+    const char *fmt = NULL, *out_fmt = NULL, *cache = NULL, *src_cache = NULL;
+    const char *backing = NULL, *backing_fmt = NULL, *snapshot = NULL;
+    bool compress = false, progress = false, quiet = false, no_create = false;
+    bool out_of_order = false, target_is_zero = false;
+    int src_flags = 0;
+    uint64_t sparse = 4096, workers = 8;
+    char *opt_lists[32];
+    int nlists = 0;
+    enum { OPT_TARGET_IS_ZERO = 256 };
+    static const struct option longopts[] = {
+        {"help", no_argument, NULL, 'h'},
+        {"force-share", no_argument, NULL, 'U'},
+        {"target-is-zero", no_argument, NULL, OPT_TARGET_IS_ZERO},
+        {NULL, 0, NULL, 0},
+    };
+    opterr = 0;
+    optind = 1;
+    int opt;
+    while ((opt = getopt_long(argc, argv, ":hf:O:B:F:Cco:l:S:pt:T:qnm:WUr:", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'f': fmt = optarg; break;
+        case 'O': out_fmt = optarg; break;
+        case 'B': backing = optarg; break;
+        case 'F': backing_fmt = optarg; break;
+        case 'C': break; /* copy offloading: the same bytes either way */
+        case 'c': compress = true; break;
+        case 'l': snapshot = optarg; break;
+        case 'p': progress = true; break;
+        case 't': cache = optarg; break;
+        case 'T': src_cache = optarg; break;
+        case 'q': quiet = true; break;
+        case 'n': no_create = true; break;
+        case 'W': out_of_order = true; break;
+        case 'U': src_flags |= QK_OPEN_FORCE_SHARE; break;
+        case OPT_TARGET_IS_ZERO: target_is_zero = true; break;
+        case 'o':
+            if (nlists == (int)(sizeof(opt_lists) / sizeof(opt_lists[0]))) {
+                return usage_error("too many -o options%s", "");
+            }
+            if (!valid_opt_list(optarg)) {
+                qk_tool_error("Invalid option list: %s", optarg);
+                return 1;
+            }
+            opt_lists[nlists++] = optarg;
+            break;
+        case 'S':
+            if (qk_parse_size(optarg, &sparse) < 0) {
+                qk_tool_error("Invalid buffer size for sparse output specified. You may use k, M, G, T, P or E "
+                              "suffixes for");
+                qk_tool_error("kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.");
+                return 1;
+            }
+            if (sparse % 512 || sparse > (16u << 20)) {
+                qk_tool_error("Invalid buffer size for sparse output specified. Valid sizes are multiples of 512 "
+                              "up to 16777216. Select 0 to disable sparse detection (fully allocates output).");
+                return 1;
+            }
+            break;
+        case 'm':
+            if (qk_parse_uint(optarg, &workers) < 0 || workers < 1 || workers > 16) {
+                qk_tool_error("Invalid number of coroutines. Allowed number of coroutines is between 1 and 16");
+                return 1;
+            }
+            break;
+        case 'r': {
+            uint64_t rate;
+            if (qk_parse_size(optarg, &rate) < 0) {
+                qk_tool_error("Invalid rate limit specified. You may use k, M, G, T, P or E suffixes for");
+                qk_tool_error("kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.");
+                return 1;
+            }
+            break;
+        }
+        case 'h':
+            fputs(usage_text, stdout);
+            return 0;
+        case ':':
+            return usage_error("missing argument for option '%s'", argv[optind - 1]);
+        default:
+            return usage_error("unrecognized option '%s'", argv[optind - 1]);
+        }
+    }
+    if (!out_fmt) {
+        out_fmt = "raw";
+    }
+    if (target_is_zero && !no_create) {
+        qk_tool_error("--target-is-zero requires use of -n flag");
+        return 1;
+    }
+    if (no_create && nlists) {
+        qk_tool_error("-o has no effect when skipping image creation");
+        return 1;
+    }
+    int nb_src = argc - optind - 1;
+    if (nb_src < 1) {
+        qk_tool_error("Must specify image file name");
+        return 1;
+    }
+    const char *out_name = argv[argc - 1];
+    bool qcow2 = strcmp(out_fmt, "qcow2") == 0;
+    for (int i = 0; i < nlists; i++) {
+        if (strcmp(opt_lists[i], "help") == 0 || strcmp(opt_lists[i], "?") == 0) {
+            fputs(qcow2 ? qcow2_opts_help : raw_opts_help, stdout);
+            return 0;
+        }
+    }
+    int flags = QK_OPEN_RDWR | QK_OPEN_NO_FLUSH; /* qemu-img convert's default: cache=unsafe */
+    int sflags = 0;
+    if (src_cache && qk_cache_mode_parse(src_cache, &sflags) < 0) {
+        qk_tool_error("Invalid source cache option: %s", src_cache);
+        return 1;
+    }
+    src_flags |= sflags;
+    if (snapshot) {
+        qk_tool_error("Failed to load snapshot: snapshot conversion (-l) is not supported");
+        return 1;
+    }
+
+    int ret = 1;
+    QkBlock *out = NULL;
+    QkBlock **src = calloc((size_t)nb_src, sizeof(*src));
+    char *opt_copies[32] = {0};
+    if (!src) {
+        qk_tool_error("out of memory");
+        return 1;
+    }
+    QkError err = {0};
+    uint64_t total = 0;
+    for (int i = 0; i < nb_src; i++) {
+        const char *name = argv[optind + i];
+        src[i] = qk_tool_open(name, fmt, src_flags, &err);
+        if (!src[i]) {
+            qk_tool_error("Could not open '%s': %s", name, err.msg);
+            goto out;
+        }
+        int64_t len = qk_block_length(src[i]);
+        if (len < 0) {
+            qk_tool_error("Could not get size of %s: %s", name, strerror((int)-len));
+            goto out;
+        }
+        total += (uint64_t)len;
+    }
+    const QkBlockDriver *drv = qk_block_find_driver(out_fmt);
+    if (!drv || drv->is_protocol) {
+        qk_tool_error("Unknown file format '%s'", out_fmt);
+        goto out;
+    }
+    OutOpts a = {.compression = "zlib"};
+    a.o.format = out_fmt;
+    for (int i = 0; i < nlists; i++) {
+        /* Each list is parsed from a copy; its strings stay referenced. */
+        opt_copies[i] = strdup(opt_lists[i]);
+        if (!opt_copies[i] || apply_opt_list(&a, qcow2, opt_copies[i]) < 0) {
+            goto out;
+        }
+    }
+    if (backing) {
+        a.o.backing_file = backing;
+    }
+    if (backing_fmt) {
+        a.o.backing_fmt = backing_fmt;
+    }
+    if (a.o.backing_file && !qcow2) {
+        qk_tool_error("Backing file not supported for file format '%s'", out_fmt);
+        goto out;
+    }
+    if (a.o.backing_file && !a.o.backing_fmt) {
+        qk_tool_error("Use of backing file requires explicit backing format");
+        goto out;
+    }
+    if (target_is_zero && a.o.backing_file) {
+        /* qemu-img says so and goes on, writing zeros as without the flag. */
+        qk_tool_error("Cannot use --target-is-zero when the destination image has a backing file");
+        target_is_zero = false;
+    }
+    if (compress && !drv->co_pwritev_compressed) {
+        qk_tool_error("Compression not supported for this file format");
+        goto out;
+    }
+    if (compress && a.prealloc && strcmp(a.prealloc, "off") != 0) {
+        qk_tool_error("Compression and preallocation not supported at the same time");
+        goto out;
+    }
+    /* Writing over a source would destroy what is being read; qemu-img's
+     * image locking refuses it, with these words. */
+    for (int i = 0; i < nb_src; i++) {
+        if (src[i]->file && qk_tool_same_file(src[i]->file->filename, out_name)) {
+            char prefix[4096];
+            if (no_create) {
+                snprintf(prefix, sizeof(prefix), "Could not open '%s': ", out_name);
+            } else {
+                snprintf(prefix, sizeof(prefix), "%s: error while converting %s: ", out_name, out_fmt);
+            }
+            lock_error(prefix, out_name);
+            goto out;
+        }
+    }
+    if (!no_create) {
+        char why[1024];
+        const char *msg = validate(&a, qcow2, why, sizeof(why));
+        a.o.size = total;
+        a.o.size_set = true;
+        if (!msg && qk_block_create(out_name, &a.o, &err) < 0) {
+            msg = err.msg;
+        }
+        if (msg) {
+            qk_tool_error("%s: error while converting %s: %s", out_name, out_fmt, msg);
+            goto out;
+        }
+    }
+    /* qemu-img reads the cache mode only now, after creating the image. */
+    if (cache) {
+        flags = QK_OPEN_RDWR;
+        if (qk_cache_mode_parse(cache, &flags) < 0) {
+            qk_tool_error("Invalid cache option: %s", cache);
+            goto out;
+        }
+        flags |= QK_OPEN_RDWR;
+    }
+    QkOpenOptions oo = {.flags = flags, .format = out_fmt};
+    out = qk_block_open(out_name, &oo, &err);
+    if (!out) {
+        qk_tool_error("Could not open '%s': %s", out_name, err.msg);
+        goto out;
+    }
+    if (no_create) {
+        int64_t olen = qk_block_length(out);
+        if (olen < 0 || (uint64_t)olen < total) {
+            qk_tool_error("output file is smaller than input file");
+            goto out;
+        }
+    }
+    ConvertCmd c = {
+        .co = {
+            .src = src,
+            .nb_src = nb_src,
+            .dst = out,
+            .target_zero = no_create ? target_is_zero : !a.o.backing_file,
+            .top_only = backing != NULL || a.o.backing_file != NULL,
+            .sparse = sparse,
+            .compress = compress,
+            .workers = (int)workers,
+            .out_of_order = out_of_order,
+            .progress = qk_progress_report,
+        },
+    };
+    c.co.opaque = &c.progress;
+    qk_progress_init(&c.progress, stdout, progress && !quiet);
+    qk_co_run(convert_co, &c);
+    if (c.ret == -ENOTSUP && compress) {
+        qk_tool_error("Compression not supported for this file format");
+    } else if (c.ret < 0) {
+        qk_tool_error("error while converting: %s", strerror(-c.ret));
+    } else {
+        qk_progress_finish(&c.progress);
+        ret = 0;
+    }
+out:
+    if (out) {
+        int r = qk_block_close(out);
+        if (ret == 0 && r < 0) {
+            qk_tool_error("error while writing to output image file: %s", strerror(-r));
+            ret = 1;
+        }
+    }
+    for (int i = 0; i < nb_src; i++) {
+        if (src[i]) {
+            qk_block_close(src[i]);
+        }
+    }
+    for (int i = 0; i < nlists; i++) {
+        free(opt_copies[i]);
+    }
+    free(src);
+    return ret;
+}
+
+const QkCommand qk_cmd_convert = {
+    .name = "convert",
+    .summary = "copy images (concatenated) into a new or existing image",
+    .usage = usage_text,
+    .run = run_convert,
+};
