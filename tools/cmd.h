@@ -47,6 +47,9 @@ void qk_tool_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int qk_tool_parse_size(const char *arg, const char *what, uint64_t *out);
 /* Reports an unknown option / missing argument in getopt style and returns 1. */
 int qk_tool_bad_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* An -o boolean (on/yes/true, off/no/false) named name; reports qemu-img's
+ * error and returns -1 on anything else. */
+int qk_tool_parse_bool(const char *name, const char *v, bool *out);
 /* Parses --output=human|json; reports and returns -1 on anything else. */
 int qk_tool_parse_output(const char *cmd, const char *arg, bool *json);
 /* Prints j the way qemu-img prints JSON (4-space indent, key order kept). */

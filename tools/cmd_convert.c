@@ -74,19 +74,6 @@ typedef struct OutOpts {
     bool cluster_size_set;
 } OutOpts;
 
-static int parse_bool(const char *name, const char *v, bool *out)
-{
-    if (strcmp(v, "on") == 0 || strcmp(v, "yes") == 0 || strcmp(v, "true") == 0) {
-        *out = true;
-    } else if (strcmp(v, "off") == 0 || strcmp(v, "no") == 0 || strcmp(v, "false") == 0) {
-        *out = false;
-    } else {
-        qk_tool_error("Parameter '%s' expects 'on' or 'off'", name);
-        return -1;
-    }
-    return 0;
-}
-
 static int parse_opt_size(const char *name, const char *v, uint64_t *out)
 {
     if (qk_parse_size(v, out) < 0) {
@@ -127,9 +114,9 @@ static int apply_opt(OutOpts *a, bool qcow2, char *kv)
         }
         a->o.refcount_bits = n > 1024 ? 1024 : (uint32_t)n;
     } else if (qcow2 && strcmp(kv, "lazy_refcounts") == 0) {
-        return parse_bool(kv, v, &a->o.lazy_refcounts);
+        return qk_tool_parse_bool(kv, v, &a->o.lazy_refcounts);
     } else if (qcow2 && strcmp(kv, "extended_l2") == 0) {
-        return parse_bool(kv, v, &a->o.extended_l2);
+        return qk_tool_parse_bool(kv, v, &a->o.extended_l2);
     } else if (qcow2 && strcmp(kv, "compat") == 0) {
         a->compat = v;
     } else if (qcow2 && strcmp(kv, "compression_type") == 0) {

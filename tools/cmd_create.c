@@ -57,19 +57,6 @@ static const char *const usage_text =
     "                compression_type, size\n"
     "  -q            quiet: do not print the \"Formatting\" line\n";
 
-static int parse_bool(const char *name, const char *v, bool *out)
-{
-    if (strcmp(v, "on") == 0 || strcmp(v, "yes") == 0 || strcmp(v, "true") == 0) {
-        *out = true;
-    } else if (strcmp(v, "off") == 0 || strcmp(v, "no") == 0 || strcmp(v, "false") == 0) {
-        *out = false;
-    } else {
-        qk_tool_error("Parameter '%s' expects 'on' or 'off'", name);
-        return -1;
-    }
-    return 0;
-}
-
 static int parse_opt_size(const char *name, const char *v, uint64_t *out)
 {
     if (qk_parse_size(v, out) < 0) {
@@ -118,12 +105,12 @@ static int apply_opt(CreateArgs *a, char *kv)
         }
         a->o.refcount_bits = n > 1024 ? 1024 : (uint32_t)n;
     } else if (q && strcmp(name, "lazy_refcounts") == 0) {
-        if (parse_bool(name, v, &a->o.lazy_refcounts) < 0) {
+        if (qk_tool_parse_bool(name, v, &a->o.lazy_refcounts) < 0) {
             return -1;
         }
         a->lazy = v;
     } else if (q && strcmp(name, "extended_l2") == 0) {
-        if (parse_bool(name, v, &a->o.extended_l2) < 0) {
+        if (qk_tool_parse_bool(name, v, &a->o.extended_l2) < 0) {
             return -1;
         }
     } else if (q && strcmp(name, "compat") == 0) {
