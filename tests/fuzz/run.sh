@@ -10,17 +10,22 @@
 #       fuzzes each target SECONDS (default 900) in turn, growing a corpus
 #       kept in build-fuzz/corpus/TARGET; crashes, hangs and leaks land in
 #       build-fuzz/crashes/TARGET, logs in build-fuzz/logs
+#   tests/fuzz/run.sh --cpu SECONDS [TARGET...]
+#       as --long, but each target runs until its process has used SECONDS
+#       of CPU (user + sys), however long that takes on a shared machine;
+#       the run is then interrupted (SIGINT, final stats in the log)
 # TARGET is image, check, nbd or control (default: all four).
 set -u
 top=$(cd "$(dirname "$0")/../.." && pwd)
 here=$top/tests/fuzz
 cd "$top"
-mode=short seconds=""
+mode=short seconds="" cpu_budget=""
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --short) mode=short ;;
     --long) mode=long ;;
+    --cpu) mode=long; cpu_budget=${2:?--cpu needs SECONDS}; shift ;;
     [0-9]*) seconds=$1 ;;
     *) args+=("$1") ;;
   esac
@@ -54,6 +59,25 @@ common=(-error_exitcode=1 -timeout_exitcode=1 -timeout=10 -rss_limit_mb=2048 -pr
 # catches a hang.
 long_timeout=(-timeout=30)
 
+# cpu_watch BIN SECONDS FLAG: once the fuzzer process running BIN (a child
+# of this shell's time keyword) has used SECONDS of CPU, interrupt it.
+cpu_watch() {
+  local bin=$1 budget=$2 flag=$3 pid="" tick used
+  tick=$(getconf CLK_TCK)
+  while :; do
+    sleep 5
+    [ -n "$pid" ] && [ -d "/proc/$pid" ] || pid=$(pgrep -n -P $$ -f "^$bin " || true)
+    [ -n "$pid" ] || continue
+    # Fields 14 and 15 of /proc/PID/stat: user and system ticks of all threads.
+    used=$(awk -v t="$tick" '{ sub(/^.*\) /, ""); print int(($12 + $13) / t) }' "/proc/$pid/stat" 2>/dev/null) || continue
+    if [ "${used:-0}" -ge "$budget" ]; then
+      : >"$flag"
+      kill -INT "$pid"
+      return
+    fi
+  done
+}
+
 failed=0
 for t in "${args[@]}"; do
   bin=$top/build-fuzz/tests/fuzz/fuzz_$t
@@ -71,13 +95,31 @@ for t in "${args[@]}"; do
     work=$top/build-fuzz/corpus/$t crashes=$top/build-fuzz/crashes/$t
     mkdir -p "$work" "$crashes" "$top/build-fuzz/logs"
     log=$top/build-fuzz/logs/$t.$(date +%Y%m%d-%H%M%S).log
-    echo "fuzz/$t: ${seconds}s, log $log"
+    limit=$seconds
+    if [ -n "$cpu_budget" ]; then
+      limit=$((cpu_budget * 20))
+      echo "fuzz/$t: until ${cpu_budget} CPU-s, log $log"
+    else
+      echo "fuzz/$t: ${seconds}s, log $log"
+    fi
     # The CPU the fuzzer got (the machine may be shared): bash's time
     # keyword, written into the log.
     TIMEFORMAT="cpu: %U s user, %S s sys, %R s wall"
-    { time "$bin" "${opts[@]}" "${long_timeout[@]}" -max_total_time="$seconds" -artifact_prefix="$crashes/" \
+    rm -f "$log.stopped"
+    if [ -n "$cpu_budget" ]; then
+      cpu_watch "$bin" "$cpu_budget" "$log.stopped" &
+      watcher=$!
+    fi
+    { time "$bin" "${opts[@]}" "${long_timeout[@]}" -max_total_time="$limit" -artifact_prefix="$crashes/" \
         "$work" "$seeds" >"$log" 2>&1; } 2>>"$log.time"
     st=$?
+    if [ -n "$cpu_budget" ]; then
+      kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null
+      # 72 is libFuzzer's exit after an interrupt: a pass only when the
+      # watcher sent it at the budget.
+      [ $st -eq 72 ] && [ -f "$log.stopped" ] && st=0
+      rm -f "$log.stopped"
+    fi
     cat "$log.time" >>"$log" && rm -f "$log.time"
     grep -E '^(stat::|Done |cpu: )|^SUMMARY|ERROR:' "$log" | head -n 12
     [ $st -eq 0 ] && echo "PASS fuzz/$t" || { echo "FAIL fuzz/$t (status $st; see $log)"; failed=1; }
