@@ -25,6 +25,15 @@ static int inflate_zlib(const uint8_t *in, size_t inlen, uint8_t *out, size_t ou
     int r = inflate(&z, Z_FINISH);
     /* The compressed data may be followed by padding: a full cluster is enough. */
     bool ok = (r == Z_STREAM_END || r == Z_BUF_ERROR || r == Z_OK) && z.avail_out == 0;
+    if (ok && r != Z_STREAM_END) {
+        /* A stream that would inflate past the cluster is not one any
+         * writer made (QEMU's reader takes the first cluster of it). */
+        uint8_t extra;
+        z.next_out = &extra;
+        z.avail_out = 1;
+        (void)inflate(&z, Z_FINISH);
+        ok = z.avail_out == 1;
+    }
     inflateEnd(&z);
     return ok ? 0 : -QK_ECORRUPT;
 }
@@ -38,8 +47,9 @@ static int inflate_zstd(const uint8_t *in, size_t inlen, uint8_t *out, size_t ou
     ZSTD_inBuffer ib = {in, inlen, 0};
     ZSTD_outBuffer ob = {out, outlen, 0};
     int ret = 0;
+    size_t r = 1;
     while (ob.pos < ob.size) {
-        size_t r = ZSTD_decompressStream(d, &ob, &ib);
+        r = ZSTD_decompressStream(d, &ob, &ib);
         if (ZSTD_isError(r)) {
             ret = -QK_ECORRUPT;
             break;
@@ -54,6 +64,15 @@ static int inflate_zstd(const uint8_t *in, size_t inlen, uint8_t *out, size_t ou
                 ret = -QK_ECORRUPT;
                 break;
             }
+        }
+    }
+    if (ret == 0 && r != 0) {
+        /* The frame goes on: it must not hold more than a cluster. */
+        uint8_t extra;
+        ZSTD_outBuffer xb = {&extra, 1, 0};
+        size_t x = ZSTD_decompressStream(d, &xb, &ib);
+        if (!ZSTD_isError(x) && xb.pos) {
+            ret = -QK_ECORRUPT;
         }
     }
     ZSTD_freeDCtx(d);

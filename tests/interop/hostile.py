@@ -8,9 +8,11 @@ Usage: hostile.py QCOWKIT WORKDIR
 """
 import hashlib
 import os
+import random
 import struct
 import subprocess
 import sys
+import zlib
 
 def sh(cmd):
     return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -98,6 +100,95 @@ CHECK_ONLY = [
     ("refcount block beyond eof", bad_refblock_entry),
 ]
 
+# Hostile compressed clusters, in zlib and zstd images written by qemu-io:
+# a read of the cluster and a convert must fail with a clear error; qemu-io
+# reads the same images, and must still read the undamaged originals.
+def compressed_base(work, ct):
+    p = os.path.join(work, "comp-%s.qcow2" % ct)
+    sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "compression_type=" + ct, p, "1M"])
+    sh(["qemu-io", "-f", "qcow2", "-c", "write -c -P 0x33 0 64k", "-c", "write -c -P 0x44 64k 64k", p])
+    with open(p, "rb") as f:
+        return bytearray(f.read())
+
+def compressed_entry(img):
+    """(where the L2 entry of guest cluster 0 is, bits of its offset field, host offset)."""
+    l1 = struct.unpack_from(">Q", img, 40)[0]
+    l2 = struct.unpack_from(">Q", img, l1)[0] & 0x00fffffffffffe00
+    e = struct.unpack_from(">Q", img, l2)[0]
+    assert e & (1 << 62), "cluster 0 is not compressed"
+    x = 62 - (struct.unpack_from(">I", img, 20)[0] - 8)
+    return l2, x, e & ((1 << x) - 1)
+
+def set_compressed(img, off, sectors, data=None):
+    pos, x, _ = compressed_entry(img)
+    be("Q", img, pos, (1 << 62) | ((sectors - 1) << x) | off)
+    if data is not None:
+        img[off:off + len(data)] = data
+    return img
+
+def compressed_stream(ct, data):
+    if ct == "zlib":
+        c = zlib.compressobj(6, zlib.DEFLATED, -12, 9)
+        return c.compress(data) + c.flush()
+    return subprocess.run(["zstd", "-q", "-c"], input=data, stdout=subprocess.PIPE, check=True).stdout
+
+def compressed_cases(work):
+    out = []
+    for ct in ("zlib", "zstd"):
+        b = compressed_base(work, ct)
+        _, _, off = compressed_entry(b)
+        big = compressed_stream(ct, bytes(1 << 20))
+        rnd = random.Random(1)
+        out += [
+            ("%s: data past the end of the file" % ct, set_compressed(bytearray(b), len(b) - 512, 256)),
+            ("%s: offset far past the end" % ct, set_compressed(bytearray(b), 1 << 40, 1)),
+            ("%s: inflates past the cluster" % ct,
+             set_compressed(bytearray(b), off, (len(big) + 511) // 512 + 1, big)),
+            ("%s: inflates short of the cluster" % ct,
+             set_compressed(bytearray(b), off, 1, compressed_stream(ct, bytes(1000)))),
+            ("%s: garbage" % ct,
+             set_compressed(bytearray(b), off, 1, bytes(rnd.randrange(256) for _ in range(512)))),
+        ]
+    return out
+
+def run_compressed(qcowkit, work, env):
+    fails = 0
+    cases = compressed_cases(work)
+    for ct in ("zlib", "zstd"):
+        p = os.path.join(work, "comp-%s.qcow2" % ct)
+        rd = subprocess.run([qcowkit, "io", "-f", "qcow2", "-c", "read -P 0x33 0 64k", "-c", "read -P 0x44 64k 64k", p],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if rd.stdout.count("read 65536/65536") != 2:
+            fails += 1
+            print("FAIL %s: the undamaged image does not read back\n%s" % (ct, rd.stdout))
+    for name, img in cases:
+        path = os.path.join(work, "hostile.qcow2")
+        with open(path, "wb") as f:
+            f.write(img)
+        before = hashlib.sha256(img).hexdigest()
+        rd = subprocess.run([qcowkit, "io", "-f", "qcow2", "-c", "read 0 64k", path], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cv = subprocess.run([qcowkit, "convert", "-O", "raw", path, os.path.join(work, "out.raw")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        chk = subprocess.run([qcowkit, "check", path], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        after = hashlib.sha256(open(path, "rb").read()).hexdigest()
+        why = []
+        if "read failed" not in rd.stdout or rd.returncode not in (0, 1):
+            why.append("read: exit %d, %r" % (rd.returncode, rd.stdout.strip()[:200]))
+        if cv.returncode != 1 or "error while reading at byte 0" not in cv.stdout:
+            why.append("convert: exit %d, %r" % (cv.returncode, cv.stdout.strip()[:200]))
+        if chk.returncode not in (0, 2):
+            why.append("check: exit %d" % chk.returncode)
+        out = rd.stdout + cv.stdout + chk.stdout
+        if "Sanitizer" in out or "runtime error" in out:
+            why.append("sanitizer report")
+        if before != after:
+            why.append("file changed")
+        print("%s %-40s %s" % ("FAIL" if why else "ok  ", name, "; ".join(why)))
+        fails += 1 if why else 0
+    return len(cases), fails
+
 def main():
     qcowkit, work = sys.argv[1], sys.argv[2]
     base = make_base(work)
@@ -158,7 +249,9 @@ def main():
         if not ok:
             fails += 1
             print("     " + (rd.stdout + chk.stdout).strip().replace("\n", "\n     ")[:2000])
-    print("%d cases, %d failures" % (len(CASES) + len(CHECK_ONLY), fails))
+    ncomp, cfails = run_compressed(qcowkit, work, env)
+    fails += cfails
+    print("%d cases, %d failures" % (len(CASES) + len(CHECK_ONLY) + ncomp, fails))
     sys.exit(1 if fails else 0)
 
 if __name__ == "__main__":
