@@ -50,6 +50,17 @@ int qk_tool_bad_usage(const char *cmd, const char *fmt, ...) __attribute__((form
 /* An -o boolean (on/yes/true, off/no/false) named name; reports qemu-img's
  * error and returns -1 on anything else. */
 int qk_tool_parse_bool(const char *name, const char *v, bool *out);
+/* -l SNAPSHOT_PARAM (convert, measure): an id or name, or
+ * snapshot.id=ID[,snapshot.name=NAME]. Parsing reports qemu-img's errors
+ * and returns false; loading makes a read-only image read the snapshot
+ * ("Failed to load snapshot: ..." and -1 when it cannot). */
+typedef struct QkToolSnapshot {
+    char *id, *name;      /* point into buf */
+    bool id_or_name;      /* the plain form: try the id, then the name */
+    char buf[1024];
+} QkToolSnapshot;
+bool qk_tool_parse_snapshot(const char *arg, QkToolSnapshot *p);
+int qk_tool_load_snapshot(QkBlock *bs, const QkToolSnapshot *p);
 /* Parses --output=human|json; reports and returns -1 on anything else. */
 int qk_tool_parse_output(const char *cmd, const char *arg, bool *json);
 /* Prints j the way qemu-img prints JSON (4-space indent, key order kept). */

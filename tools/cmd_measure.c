@@ -13,7 +13,6 @@
  */
 #include "cmd.h"
 #include "aio/loop.h"
-#include "block/snapshot.h"
 #include "util/checked.h"
 
 #include <ctype.h>
@@ -37,8 +36,8 @@ static const char *const usage_text =
     "                 refcount_bits, extended_l2, preallocation, compat, ...\n"
     "  --size N       measure an empty image of N bytes\n"
     "  -f FMT         format of FILE (default: probed)\n"
-    "  -l SNAPSHOT    an internal snapshot of FILE (ID or name): checked, but\n"
-    "                 measuring one is not supported yet\n"
+    "  -l SNAPSHOT    measure this internal snapshot of FILE: ID_OR_NAME, or\n"
+    "                 snapshot.id=ID[,snapshot.name=NAME]\n"
     "  -U             open FILE even if another process uses it\n"
     "  --output=FMT   human (default) or json\n";
 
@@ -557,71 +556,6 @@ static void walk_layers(Walk *w)
     }
 }
 
-typedef struct SnapQuery {
-    QkBlock *bs;
-    QkSnapshotInfo *l;
-    int n;
-    int ret;
-    QkError err;
-} SnapQuery;
-
-static void coroutine_fn snap_list_co(void *opaque)
-{
-    SnapQuery *q = opaque;
-    q->ret = qk_co_snapshot_list(q->bs, &q->l, &q->n, &q->err);
-}
-
-/* Whether snapshot i matches -l: "ID_OR_NAME", or snapshot.id=ID and/or
- * snapshot.name=NAME (all given must match). */
-static bool snapshot_matches(const QkSnapshotInfo *s, const char *spec)
-{
-    if (strncmp(spec, "snapshot.", 9) != 0) {
-        return strcmp(s->id, spec) == 0 || strcmp(s->name, spec) == 0;
-    }
-    char *copy = strdup(spec), *save = NULL;
-    bool ok = copy != NULL;
-    for (char *kv = copy ? strtok_r(copy, ",", &save) : NULL; kv && ok; kv = strtok_r(NULL, ",", &save)) {
-        if (strncmp(kv, "snapshot.id=", 12) == 0) {
-            ok = strcmp(s->id, kv + 12) == 0;
-        } else if (strncmp(kv, "snapshot.name=", 14) == 0) {
-            ok = strcmp(s->name, kv + 14) == 0;
-        } else {
-            ok = false;
-        }
-    }
-    free(copy);
-    return ok;
-}
-
-/* -l: qemu-img measures the snapshot's contents. qcowkit cannot load a
- * snapshot read-only yet, so it says so once the snapshot is known to
- * exist (the errors before that are qemu-img's). */
-static int check_snapshot(QkBlock *bs, const char *spec)
-{
-    if (!qk_block_has_snapshots(bs)) {
-        qk_tool_error("Failed to load snapshot: Block format '%s' used by device '' does not support "
-                      "temporarily loading internal snapshots", bs->drv->format_name);
-        return -1;
-    }
-    SnapQuery q = {.bs = bs};
-    qk_co_run(snap_list_co, &q);
-    if (q.ret < 0) {
-        qk_tool_error("Failed to load snapshot: %s", q.err.msg);
-        return -1;
-    }
-    bool found = false;
-    for (int i = 0; i < q.n && !found; i++) {
-        found = snapshot_matches(&q.l[i], spec);
-    }
-    qk_snapshot_list_free(q.l, q.n);
-    if (!found) {
-        qk_tool_error("Failed to load snapshot: Can't find snapshot");
-    } else {
-        qk_tool_error("Failed to load snapshot: measuring an internal snapshot is not supported by qcowkit");
-    }
-    return -1;
-}
-
 /* Formats qemu-img knows but cannot measure; anything else is unknown. */
 static bool qemu_format(const char *f)
 {
@@ -699,6 +633,7 @@ static int measure_qcow2(const MeasureOpts *m, QkBlock *in, const char *filename
 static int run_measure(int argc, char **argv)
 {
     const char *fmt = NULL, *out_fmt = "raw", *snapshot = NULL;
+    QkToolSnapshot snap;
     bool json = false, have_size = false;
     int flags = 0;
     uint64_t size = 0;
@@ -719,7 +654,12 @@ static int run_measure(int argc, char **argv)
         switch (c) {
         case 'f': fmt = optarg; break;
         case 'O': out_fmt = optarg; break;
-        case 'l': snapshot = optarg; break;
+        case 'l':
+            if (!qk_tool_parse_snapshot(optarg, &snap)) {
+                return 1;
+            }
+            snapshot = optarg;
+            break;
         case 'U': flags |= QK_OPEN_FORCE_SHARE; break;
         case 'o':
             if (!valid_opt_list(optarg)) {
@@ -781,7 +721,7 @@ static int run_measure(int argc, char **argv)
             qk_tool_error("Could not open '%s': %s", filename, err.msg);
             return 1;
         }
-        if (snapshot && check_snapshot(in, snapshot) < 0) {
+        if (snapshot && qk_tool_load_snapshot(in, &snap) < 0) {
             goto done;
         }
         int64_t len = qk_block_length(in);

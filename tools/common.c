@@ -3,7 +3,10 @@
  * one consistent voice.
  */
 #include "cmd.h"
+#include "aio/loop.h"
+#include "block/snapshot.h"
 #include "util/size.h"
+#include <errno.h>
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -122,6 +125,68 @@ int qk_tool_parse_bool(const char *name, const char *v, bool *out)
         *out = false;
     } else {
         qk_tool_error("Parameter '%s' expects 'on' or 'off'", name);
+        return -1;
+    }
+    return 0;
+}
+
+/* -l of convert and measure: "snapshot.id=ID", "snapshot.name=NAME" or
+ * both, comma separated; anything else is an id or a name (the id is
+ * tried first, as qemu-img does). */
+bool qk_tool_parse_snapshot(const char *arg, QkToolSnapshot *p)
+{
+    memset(p, 0, sizeof(*p));
+    snprintf(p->buf, sizeof(p->buf), "%s", arg);
+    if (strncmp(arg, "snapshot.", 9) != 0) {
+        p->id = p->buf;
+        p->id_or_name = true;
+        return true;
+    }
+    for (char *save = NULL, *kv = strtok_r(p->buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(kv, '=');
+        if (eq) {
+            *eq = '\0';
+        } else {
+            fprintf(stderr, "%s: warning: short-form boolean option '%s' deprecated\nPlease use %s=on instead\n",
+                    qk_progname, kv, kv);
+        }
+        char *v = eq ? eq + 1 : "on";
+        if (strcmp(kv, "snapshot.id") == 0) {
+            p->id = v;
+        } else if (strcmp(kv, "snapshot.name") == 0) {
+            p->name = v;
+        } else {
+            qk_tool_error("Invalid parameter '%s'", kv);
+            qk_tool_error("Failed in parsing snapshot param '%s'", arg);
+            return false;
+        }
+    }
+    return true;
+}
+
+typedef struct LoadSnap {
+    QkBlock *bs;
+    const QkToolSnapshot *p;
+    QkError err;
+    int ret;
+} LoadSnap;
+
+static void coroutine_fn load_snap_co(void *opaque)
+{
+    LoadSnap *l = opaque;
+    l->ret = qk_co_snapshot_load_tmp(l->bs, l->p->id, l->p->name, &l->err);
+    if (l->ret == -ENOENT && l->p->id_or_name) {
+        l->err = (QkError){0};
+        l->ret = qk_co_snapshot_load_tmp(l->bs, NULL, l->p->id, &l->err);
+    }
+}
+
+int qk_tool_load_snapshot(QkBlock *bs, const QkToolSnapshot *p)
+{
+    LoadSnap l = {.bs = bs, .p = p};
+    qk_co_run(load_snap_co, &l);
+    if (l.ret < 0) {
+        qk_tool_error("Failed to load snapshot: %s", l.err.msg);
         return -1;
     }
     return 0;

@@ -87,6 +87,7 @@ typedef struct QkOpenOptions {
     const char *format;          /* NULL: probe */
     uint64_t cache_size;         /* metadata cache in bytes; 0: driver default */
     bool strict_alloc_deps;      /* qcow2: every write to a cluster being allocated waits */
+    int compress_level;          /* qcow2 compressed writes; 0: the type's default */
 } QkOpenOptions;
 
 typedef struct QkCreateOptions {
@@ -177,6 +178,7 @@ struct QkBlockDriver {
     int coroutine_fn (*co_snapshot_goto)(QkBlock *bs, const char *id_or_name, uint64_t *vm_state_size,
                                          QkError *err);
     int coroutine_fn (*co_snapshot_delete)(QkBlock *bs, const char *id, const char *name, QkError *err);
+    int coroutine_fn (*co_snapshot_load_tmp)(QkBlock *bs, const char *id, const char *name, QkError *err);
     int coroutine_fn (*co_vmstate_discard)(QkBlock *bs, QkError *err);
     /* Drops everything this layer holds, so the backing file shows
      * through everywhere (after commit); NULL: the format cannot. */

@@ -67,6 +67,17 @@ int coroutine_fn qk_co_snapshot_delete(QkBlock *bs, const char *id, const char *
     return bs->drv->co_snapshot_delete(bs, id, name, err);
 }
 
+int coroutine_fn qk_co_snapshot_load_tmp(QkBlock *bs, const char *id, const char *name, QkError *err)
+{
+    if (!bs->drv->co_snapshot_load_tmp) {
+        return qk_error_set(err, -ENOTSUP,
+                            "Block format '%s' used by device '' does not support temporarily loading "
+                            "internal snapshots",
+                            bs->drv->format_name);
+    }
+    return bs->drv->co_snapshot_load_tmp(bs, id, name, err);
+}
+
 int coroutine_fn qk_co_vmstate_discard(QkBlock *bs, QkError *err)
 {
     if (!bs->drv->co_vmstate_discard) {

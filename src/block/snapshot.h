@@ -41,6 +41,10 @@ int coroutine_fn qk_co_snapshot_goto(QkBlock *bs, const char *id_or_name, uint64
  * not NULL). -ENOENT when none. (qemu-img snapshot -d passes the name
  * only: it never deletes by id.) */
 int coroutine_fn qk_co_snapshot_delete(QkBlock *bs, const char *id, const char *name, QkError *err);
+/* Read-only nodes: reads see the snapshot matching id (when not NULL) and
+ * name (when not NULL) until the node is closed; nothing is written and
+ * the virtual size is unchanged. -ENOENT when none matches. */
+int coroutine_fn qk_co_snapshot_load_tmp(QkBlock *bs, const char *id, const char *name, QkError *err);
 /* Drops the VM state held by the active disk (left by a snapshot that
  * took it, an applied snapshot, or a failed save). */
 int coroutine_fn qk_co_vmstate_discard(QkBlock *bs, QkError *err);

@@ -104,6 +104,7 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
     s->bs = bs;
     s->read_only = bs->read_only;
     s->strict_alloc_deps = opts->strict_alloc_deps;
+    s->compress_level = opts->compress_level;
     qk_co_mutex_init(&s->lock);
     qk_co_mutex_init(&s->grow_lock);
 
@@ -353,6 +354,7 @@ const QkBlockDriver qk_drv_qcow2 = {
     .co_snapshot_create = qcow2_co_snapshot_create,
     .co_snapshot_goto = qcow2_co_snapshot_goto,
     .co_snapshot_delete = qcow2_co_snapshot_delete,
+    .co_snapshot_load_tmp = qcow2_co_snapshot_load_tmp,
     .co_vmstate_discard = qcow2_co_vmstate_discard,
     .co_make_empty = qcow2_co_make_empty,
     .co_change_backing = qcow2_co_change_backing,

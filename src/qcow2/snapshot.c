@@ -529,6 +529,39 @@ int coroutine_fn qcow2_co_snapshot_goto(QkBlock *bs, const char *id_or_name, uin
     return r;
 }
 
+/* A read-only view of a snapshot (convert -l): its L1 table replaces the
+ * active one in memory; nothing is written, and the virtual size stays the
+ * image's, as QEMU's temporary load keeps it. Entries past the snapshot's
+ * L1 read as unallocated. */
+int coroutine_fn qcow2_co_snapshot_load_tmp(QkBlock *bs, const char *id, const char *name, QkError *err)
+{
+    Qcow2State *s = qcow2_state(bs);
+    if (!s->read_only) {
+        return qk_error_set(err, -EINVAL, "Device is not readonly");
+    }
+    Qcow2Snapshot *tab = NULL;
+    uint32_t n = 0;
+    begin(s);
+    int r = qcow2_snapshots_read(s, &tab, &n, NULL, err);
+    if (r == 0) {
+        int i = qcow2_snapshot_find(tab, n, id, name);
+        uint64_t *nl1 = NULL;
+        if (i < 0) {
+            r = qk_error_set(err, -ENOENT, "Can't find snapshot");
+        } else if ((r = read_l1(s, tab[i].l1_offset, tab[i].l1_size, tab[i].l1_size, &nl1)) < 0) {
+            qk_error_set_errno(err, r, "Could not read the snapshot's L1 table");
+        } else {
+            free(s->l1);
+            s->l1 = nl1;
+            s->l1_size = tab[i].l1_size;
+            s->l1_offset = tab[i].l1_offset;
+        }
+    }
+    qcow2_snapshots_free(tab, n);
+    end(s);
+    return r;
+}
+
 int coroutine_fn qcow2_co_snapshot_delete(QkBlock *bs, const char *id, const char *name, QkError *err)
 {
     Qcow2State *s = qcow2_state(bs);

@@ -64,6 +64,7 @@ int coroutine_fn qcow2_co_snapshot_create(QkBlock *bs, const QkSnapshotInfo *inf
 int coroutine_fn qcow2_co_snapshot_goto(QkBlock *bs, const char *id_or_name, uint64_t *vm_state_size,
                                         QkError *err);
 int coroutine_fn qcow2_co_snapshot_delete(QkBlock *bs, const char *id, const char *name, QkError *err);
+int coroutine_fn qcow2_co_snapshot_load_tmp(QkBlock *bs, const char *id, const char *name, QkError *err);
 int coroutine_fn qcow2_co_vmstate_discard(QkBlock *bs, QkError *err);
 /* Adds addend (+1, -1 or 0) to the refcount of every L2 table and data
  * cluster reachable from l1[0..n). With fix_copied, sets COPIED in l1 and

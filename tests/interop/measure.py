@@ -88,6 +88,9 @@ for name, gran in (("a", "512"), ("b" * 100, "64k"), ("c", "2M"), ("dirty", "4k"
 create("snap.qcow2", 4 * M)
 io("snap.qcow2", "write -P 1 0 1M")
 sh(["qemu-img", "snapshot", "-c", "sn1", "snap.qcow2"], src)
+io("snap.qcow2", "write -P 2 2M 2M")
+sh(["qemu-img", "snapshot", "-c", "sn2", "snap.qcow2"], src)
+io("snap.qcow2", "discard 0 4M")
 
 
 def case(name, args):
@@ -149,6 +152,9 @@ for f in inputs:
 case("-f raw on qcow2", ["-f", "raw", "-O", "qcow2", "top.qcow2"])
 case("-f qcow2 explicit", ["-f", "qcow2", "-O", "qcow2", "bm.qcow2"])
 case("-U", ["-U", "-O", "qcow2", "part.qcow2"])
+for l in ("sn1", "1", "sn2", "2", "snapshot.name=sn1", "snapshot.id=2", "snapshot.id=1,snapshot.name=sn1"):
+    case("-l %s" % l, ["-l", l, "-O", "qcow2", "--output=json", "snap.qcow2"])
+    case("-l %s -> raw" % l, ["-l", l, "snap.qcow2"])
 
 # Errors, in the order qemu-img checks them.
 errors = [
@@ -201,6 +207,8 @@ errors = [
     ["-O", "qcow2", "--size", "256T", "-o", "extended_l2=on,cluster_size=16k"],
     ["-O", "qcow2", "-o", "cluster_size=3", "part.qcow2"],
     ["-l", "nosuch", "snap.qcow2"], ["-l", "snapshot.name=nosuch", "snap.qcow2"], ["-l", "x", "hole.raw"],
+    ["-l", "snapshot.id=2,snapshot.name=sn1", "snap.qcow2"], ["-l", "snapshot.x=1", "snap.qcow2"],
+    ["-l", "", "snap.qcow2"], ["-l", "snapshot.id=1,y", "snap.qcow2"],
     ["-O", "qcow2", "-o", "encrypt.format=luks", "--size", "1G"],
 ]
 for args in errors:
