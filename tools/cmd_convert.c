@@ -10,6 +10,7 @@
  */
 #include "cmd.h"
 #include "aio/loop.h"
+#include "aio/work_pool.h"
 #include "jobs/convert.h"
 #include "util/progress.h"
 #include "util/size.h"
@@ -23,6 +24,7 @@ static const char *const usage_text =
     "Usage: qcowkit convert [-c] [-p] [-q] [-n] [-W] [-U] [-C] [-f FMT] [-O OUTPUT_FMT]\n"
     "                       [-o OPTIONS] [-B BACKING_FILE [-F BACKING_FMT]] [-S SPARSE_SIZE]\n"
     "                       [-m NUM_COROUTINES] [-t CACHE] [-T SRC_CACHE] [-r RATE]\n"
+    "                       [-l SNAPSHOT_PARAM] [--compress-threads N] [--compress-level N]\n"
     "                       [--target-is-zero] SRC [SRC...] DST\n"
     "\n"
     "Copies the content of SRC (several are concatenated) into a new image DST\n"
@@ -34,6 +36,10 @@ static const char *const usage_text =
     "  -B BACKING    DST gets this backing file (-F its format, required): only what\n"
     "                the sources' top layers hold is copied\n"
     "  -c            write DST's clusters compressed (qcow2)\n"
+    "  --compress-threads N  threads compressing at once (default: one per CPU)\n"
+    "  --compress-level N    zlib 1..9 (default 6), zstd 1..22 (default 3)\n"
+    "  -l SNAPSHOT   copy this internal snapshot of SRC instead of its active disk:\n"
+    "                ID_OR_NAME, or snapshot.id=ID[,snapshot.name=NAME]\n"
     "  -n            do not create DST: write into the existing image, which must\n"
     "                be large enough; zeros are written as zeros\n"
     "  --target-is-zero  with -n: DST already reads as zeros, skip writing zeros\n"
@@ -45,7 +51,8 @@ static const char *const usage_text =
     "                writethrough, directsync, unsafe\n"
     "  -T SRC_CACHE  cache mode for the sources (default writeback)\n"
     "  -U            open the sources even if another process uses them\n"
-    "  -C, -r RATE   accepted for compatibility; no effect\n"
+    "  -r RATE       read at most RATE bytes of data per second (k, M, G suffixes)\n"
+    "  -C            accepted for compatibility; no effect\n"
     "  -p            show progress\n"
     "  -q            quiet\n";
 
@@ -231,13 +238,14 @@ static const char *validate(OutOpts *a, bool qcow2, char *why, size_t len)
 typedef struct ConvertCmd {
     QkConvertOptions co;
     QkProgress progress;
+    QkError err;
     int ret;
 } ConvertCmd;
 
 static void coroutine_fn convert_co(void *opaque)
 {
     ConvertCmd *c = opaque;
-    c->ret = qk_co_convert(&c->co);
+    c->ret = qk_co_convert(&c->co, &c->err);
 }
 
 /* qemu-img's usage errors: the message, then where to look for help. */
@@ -258,17 +266,21 @@ static int run_convert(int argc, char **argv)
 {
     const char *fmt = NULL, *out_fmt = NULL, *cache = NULL, *src_cache = NULL;
     const char *backing = NULL, *backing_fmt = NULL, *snapshot = NULL;
+    QkToolSnapshot snap;
+    uint64_t rate = 0, compress_threads = 0, compress_level = 0;
     bool compress = false, progress = false, quiet = false, no_create = false;
     bool out_of_order = false, target_is_zero = false;
     int src_flags = 0;
     uint64_t sparse = 4096, workers = 8;
     char *opt_lists[32];
     int nlists = 0;
-    enum { OPT_TARGET_IS_ZERO = 256 };
+    enum { OPT_TARGET_IS_ZERO = 256, OPT_COMPRESS_THREADS, OPT_COMPRESS_LEVEL };
     static const struct option longopts[] = {
         {"help", no_argument, NULL, 'h'},
         {"force-share", no_argument, NULL, 'U'},
         {"target-is-zero", no_argument, NULL, OPT_TARGET_IS_ZERO},
+        {"compress-threads", required_argument, NULL, OPT_COMPRESS_THREADS},
+        {"compress-level", required_argument, NULL, OPT_COMPRESS_LEVEL},
         {NULL, 0, NULL, 0},
     };
     opterr = 0;
@@ -282,7 +294,12 @@ static int run_convert(int argc, char **argv)
         case 'F': backing_fmt = optarg; break;
         case 'C': break; /* copy offloading: the same bytes either way */
         case 'c': compress = true; break;
-        case 'l': snapshot = optarg; break;
+        case 'l':
+            if (!qk_tool_parse_snapshot(optarg, &snap)) {
+                return 1;
+            }
+            snapshot = optarg;
+            break;
         case 'p': progress = true; break;
         case 't': cache = optarg; break;
         case 'T': src_cache = optarg; break;
@@ -291,6 +308,19 @@ static int run_convert(int argc, char **argv)
         case 'W': out_of_order = true; break;
         case 'U': src_flags |= QK_OPEN_FORCE_SHARE; break;
         case OPT_TARGET_IS_ZERO: target_is_zero = true; break;
+        case OPT_COMPRESS_THREADS:
+            if (qk_parse_uint(optarg, &compress_threads) < 0 || compress_threads < 1 || compress_threads > 1024) {
+                qk_tool_error("Invalid number of compression threads '%s': 1 to 1024", optarg);
+                return 1;
+            }
+            break;
+        case OPT_COMPRESS_LEVEL:
+            /* The type's own range is checked once the target is known. */
+            if (qk_parse_uint(optarg, &compress_level) < 0 || compress_level < 1 || compress_level > 22) {
+                qk_tool_error("Invalid compression level '%s': zlib takes 1 to 9, zstd 1 to 22", optarg);
+                return 1;
+            }
+            break;
         case 'o':
             if (nlists == (int)(sizeof(opt_lists) / sizeof(opt_lists[0]))) {
                 return usage_error("too many -o options%s", "");
@@ -321,7 +351,6 @@ static int run_convert(int argc, char **argv)
             }
             break;
         case 'r': {
-            uint64_t rate;
             if (qk_parse_size(optarg, &rate) < 0) {
                 qk_tool_error("Invalid rate limit specified. You may use k, M, G, T, P or E suffixes for");
                 qk_tool_error("kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.");
@@ -369,9 +398,12 @@ static int run_convert(int argc, char **argv)
         return 1;
     }
     src_flags |= sflags;
-    if (snapshot) {
-        qk_tool_error("Failed to load snapshot: snapshot conversion (-l) is not supported");
+    if (snapshot && nb_src > 1) {
+        qk_tool_error("No support for concatenating multiple snapshot");
         return 1;
+    }
+    if (compress_threads) {
+        qk_work_pool_set_threads((unsigned)compress_threads);
     }
 
     int ret = 1;
@@ -389,6 +421,9 @@ static int run_convert(int argc, char **argv)
         src[i] = qk_tool_open(name, fmt, src_flags, &err);
         if (!src[i]) {
             qk_tool_error("Could not open '%s': %s", name, err.msg);
+            goto out;
+        }
+        if (snapshot && qk_tool_load_snapshot(src[i], &snap) < 0) {
             goto out;
         }
         int64_t len = qk_block_length(src[i]);
@@ -475,11 +510,19 @@ static int run_convert(int argc, char **argv)
         }
         flags |= QK_OPEN_RDWR;
     }
-    QkOpenOptions oo = {.flags = flags, .format = out_fmt};
+    QkOpenOptions oo = {.flags = flags, .format = out_fmt, .compress_level = (int)compress_level};
     out = qk_block_open(out_name, &oo, &err);
     if (!out) {
         qk_tool_error("Could not open '%s': %s", out_name, err.msg);
         goto out;
+    }
+    if (compress && compress_level > 9) {
+        QkImageInfo oi = {0};
+        qk_block_get_info(out, &oi);
+        if (!oi.compression_type || strcmp(oi.compression_type, "zstd") != 0) {
+            qk_tool_error("Invalid compression level %" PRIu64 " for zlib: 1 to 9", compress_level);
+            goto out;
+        }
     }
     if (no_create) {
         int64_t olen = qk_block_length(out);
@@ -499,6 +542,7 @@ static int run_convert(int argc, char **argv)
             .compress = compress,
             .workers = (int)workers,
             .out_of_order = out_of_order,
+            .rate = rate,
             .progress = qk_progress_report,
         },
     };
@@ -508,7 +552,7 @@ static int run_convert(int argc, char **argv)
     if (c.ret == -ENOTSUP && compress) {
         qk_tool_error("Compression not supported for this file format");
     } else if (c.ret < 0) {
-        qk_tool_error("error while converting: %s", strerror(-c.ret));
+        qk_tool_error("%s", c.err.msg);
     } else {
         qk_progress_finish(&c.progress);
         ret = 0;

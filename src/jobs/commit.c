@@ -15,7 +15,7 @@
 #include "aio/loop.h"
 #include "util/checked.h"
 #include "util/iov.h"
-#include "util/ratelimit.h"
+#include "jobs/throttle.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -37,14 +37,7 @@ typedef struct CommitRun {
  * the one bucket, so the rate is the whole copy's). */
 static void coroutine_fn throttle(CommitRun *c, uint64_t n)
 {
-    if (!c->opts->rate) {
-        return;
-    }
-    int64_t d;
-    while ((d = qk_ratelimit_delay(&c->limit, qk_clock_ns())) > 0) {
-        qk_co_sleep_ns(d);
-    }
-    qk_ratelimit_charge(&c->limit, n, qk_clock_ns());
+    qk_co_throttle(&c->limit, n);
 }
 
 /* Copies [off, off+len), where some layer above the base has data. */

@@ -19,8 +19,10 @@
 #include "aio/co_sync.h"
 #include "util/checked.h"
 #include "util/iov.h"
+#include "jobs/throttle.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,6 +41,7 @@ typedef struct Run {
     const QkConvertOptions *o;
     uint64_t *start;     /* start[i]: where source i begins; start[nb_src]: total */
     uint64_t total;
+    uint64_t dst_len;    /* the target's length (at least total) */
     uint32_t cluster;    /* target cluster (compressed writes); 0 for raw */
     uint64_t zunit;      /* zero-detection unit; 0: none (-S 0) */
     size_t align;
@@ -49,7 +52,20 @@ typedef struct Run {
     int ret;
     int running;
     QkCoQueue finished;
+    QkRateLimit limit;   /* -r: charged with the bytes each claim reads */
+    const char *fail_what; /* the first failure: what failed, and where */
+    uint64_t fail_off;
 } Run;
+
+/* Records where the copy failed first (for the message), returns ret. */
+static int failed(Run *r, const char *what, uint64_t off, int ret)
+{
+    if (ret < 0 && !r->fail_what) {
+        r->fail_what = what;
+        r->fail_off = off;
+    }
+    return ret;
+}
 
 typedef struct Worker {
     Run *r;
@@ -83,11 +99,8 @@ static int coroutine_fn status_at(Run *r, uint64_t pos, uint64_t max, uint64_t *
         int depth = 0;
         st = qk_co_block_status_above(bs, soff, max, &n, &depth);
     }
-    if (st < 0) {
-        return st;
-    }
-    if (n == 0) {
-        return -EIO;
+    if (st < 0 || n == 0) {
+        return failed(r, "reading block status at offset", pos, st < 0 ? st : -EIO);
     }
     *pnum = n;
     if (r->o->top_only && !(st & QK_BS_ALLOCATED) && bs->backing) {
@@ -135,7 +148,7 @@ static int coroutine_fn read_src(Run *r, uint64_t pos, uint64_t len, uint8_t *bu
         uint64_t n = QK_MIN(len, r->start[i + 1] - pos);
         int ret = qk_co_pread(r->o->src[i], pos - r->start[i], n, buf, QK_REQ_BULK_READ);
         if (ret < 0) {
-            return ret;
+            return failed(r, "reading at byte", pos, ret);
         }
         pos += n;
         buf += n;
@@ -248,9 +261,19 @@ static int coroutine_fn write_compressed(Worker *w, uint64_t off, uint64_t end)
             data = r->zunit == 0 || !qk_buf_is_zero(b, ce - c);
         }
         if (data) {
+            /* A source whose length is not a multiple of 512 ends inside
+             * the target's last sector (a new target's size is rounded up
+             * to it); compressed writes must reach the image's end, so
+             * the tail is written as zeros, as a sector-granular read of
+             * the source would give it. */
+            uint64_t wl = ce - c;
+            if (ce == r->total && r->total % 512 && qk_align_up(r->total, 512) <= r->dst_len) {
+                wl = qk_align_up(r->total, 512) - c;
+                memset(b + (ce - c), 0, wl - (ce - c));
+            }
             QkIov qiov;
-            qk_iov_init_buf(&qiov, b, ce - c);
-            ret = qk_co_pwritev(r->o->dst, c, ce - c, &qiov, 0, QK_REQ_COMPRESSED);
+            qk_iov_init_buf(&qiov, b, wl);
+            ret = qk_co_pwritev(r->o->dst, c, wl, &qiov, 0, QK_REQ_COMPRESSED);
         } else {
             for (size_t j = si; j < w->nseg && w->segs[j].off < ce && ret == 0; j++) {
                 Seg *s = &w->segs[j];
@@ -298,6 +321,13 @@ static int coroutine_fn copy_claim(Worker *w, uint64_t off, uint64_t *end)
             return ret;
         }
     }
+    if (r->o->rate) {
+        uint64_t data = 0;
+        for (size_t i = 0; i < w->nseg; i++) {
+            data += w->segs[i].kind == SEG_DATA ? w->segs[i].len : 0;
+        }
+        qk_co_throttle(&r->limit, data);
+    }
     for (size_t i = 0; i < w->nseg; i++) {
         Seg *s = &w->segs[i];
         if (s->kind == SEG_DATA && (ret = read_src(r, s->off, s->len, w->buf + (s->off - off))) < 0) {
@@ -312,7 +342,7 @@ static int coroutine_fn copy_claim(Worker *w, uint64_t off, uint64_t *end)
     }
     ret = r->o->compress ? write_compressed(w, off, *end) : write_segments(w, off);
     if (ret < 0) {
-        return ret;
+        return failed(r, "writing at byte", off, ret);
     }
     r->written = *end;
     qk_co_queue_wake_all(&r->turn);
@@ -348,9 +378,10 @@ static void coroutine_fn worker(void *opaque)
     }
 }
 
-int coroutine_fn qk_co_convert(const QkConvertOptions *o)
+int coroutine_fn qk_co_convert(const QkConvertOptions *o, QkError *err)
 {
     Run r = {.o = o};
+    qk_ratelimit_init(&r.limit, o->rate, 100 * 1000 * 1000);
     r.start = calloc((size_t)o->nb_src + 1, sizeof(*r.start));
     if (!r.start) {
         return -ENOMEM;
@@ -366,6 +397,12 @@ int coroutine_fn qk_co_convert(const QkConvertOptions *o)
         align = QK_MAX(align, (size_t)o->src[i]->mem_alignment);
     }
     r.total = r.start[o->nb_src];
+    int64_t dlen = qk_block_length(o->dst);
+    if (dlen < 0) {
+        free(r.start);
+        return (int)dlen;
+    }
+    r.dst_len = (uint64_t)dlen;
     r.align = align;
     QkImageInfo info = {0};
     qk_block_get_info(o->dst, &info);
@@ -386,8 +423,14 @@ int coroutine_fn qk_co_convert(const QkConvertOptions *o)
         qk_co_queue_wait(&r.finished);
     }
     free(r.start);
-    if (r.ret == 0) {
-        r.ret = qk_co_flush(o->dst);
+    if (r.ret == 0 && (r.ret = qk_co_flush(o->dst)) < 0) {
+        return qk_error_set_errno(err, r.ret, "error while flushing the output image");
     }
-    return r.ret;
+    if (r.ret < 0) {
+        if (r.fail_what) {
+            return qk_error_set_errno(err, r.ret, "error while %s %" PRIu64, r.fail_what, r.fail_off);
+        }
+        return qk_error_set_errno(err, r.ret, "error while converting");
+    }
+    return 0;
 }

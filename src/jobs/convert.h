@@ -30,13 +30,15 @@ typedef struct QkConvertOptions {
     bool compress;               /* every written cluster QK_REQ_COMPRESSED */
     int workers;                 /* coroutines copying at once (1..16) */
     bool out_of_order;           /* -W: writes need not reach the target in order */
+    uint64_t rate;               /* -r: source bytes read per second; 0: no limit */
     QkConvertProgress *progress; /* may be NULL */
     void *opaque;
 } QkConvertOptions;
 
-/* Copies; returns 0 or the first error (-errno). The target is flushed
- * at the end. -ENOTSUP from a compressed write means the target's format
- * cannot compress. */
-int coroutine_fn qk_co_convert(const QkConvertOptions *o);
+/* Copies; returns 0 or the first error (-errno), with err saying what
+ * failed where ("error while reading at byte N: ..." as qemu-img says it).
+ * The target is flushed at the end. -ENOTSUP from a compressed write means
+ * the target's format cannot compress. */
+int coroutine_fn qk_co_convert(const QkConvertOptions *o, QkError *err);
 
 #endif

@@ -51,6 +51,18 @@ for f, size, opts, cmds in chain:
     io(f, *cmds)
     prev = f
 chain_top = prev
+with open(os.path.join(src, "odd.raw"), "wb") as f:
+    f.write(b"qcowkit compresses clusters; " * 40000)
+# Internal snapshots (-l): s1 at 8M with 0x31, s2 after a rewrite and a
+# growth to 12M, then the active disk changes again.
+sh(["qemu-img", "create", "-q", "-f", "qcow2", "snap.qcow2", str(8 * M)], src)
+io("snap.qcow2", "write -P 0x31 0 1M", "write -z 3M 1M")
+sh(["qemu-img", "snapshot", "-c", "s1", "snap.qcow2"], src)
+io("snap.qcow2", "write -P 0x32 512k 2M")
+sh(["qemu-img", "resize", "-q", "snap.qcow2", str(12 * M)], src)
+io("snap.qcow2", "write -P 0x33 10M 1M")
+sh(["qemu-img", "snapshot", "-c", "s2", "snap.qcow2"], src)
+io("snap.qcow2", "write -P 0x34 0 12M")
 
 
 def norm(t):
@@ -131,6 +143,12 @@ case("-p", Q + ["-p", "top.qcow2", "o"], out_fmt="qcow2")
 case("-q -p -t none -T writeback -U", Q + ["-q", "-p", "-t", "none", "-T", "writeback", "-U", "top.qcow2", "o"],
      out_fmt="qcow2")
 case("output replaced", ["small.qcow2", "in.raw"], out="in.raw")
+for l in ("s1", "1", "s2", "2", "snapshot.name=s1", "snapshot.id=2", "snapshot.id=1,snapshot.name=s1"):
+    case("-l %s" % l, Q + ["-l", l, "snap.qcow2", "o"], out_fmt="qcow2")
+case("-l s1 -> raw", ["-l", "s1", "snap.qcow2", "o"])
+case("-l s1 -c", Q + ["-c", "-l", "s1", "snap.qcow2", "o"], out_fmt="qcow2")
+case("-r 64M", Q + ["-r", "64M", "top.qcow2", "o"], out_fmt="qcow2")
+case("-c from a raw file of 1,160,000 bytes", Q + ["-c", "-f", "raw", "odd.raw", "o"], out_fmt="qcow2")
 for args in ([], ["top.qcow2"], ["nope", "o"], ["-O", "bogus", "top.qcow2", "o"], ["-f", "bogus", "top.qcow2", "o"],
              ["-c", "top.qcow2", "o"], ["-n", "top.qcow2", "missing"], ["-n", "top.qcow2", "small.qcow2"],
              Q + ["-o", "cluster_size=3", "top.qcow2", "o"], Q + ["-o", "bogus=1", "top.qcow2", "o"],
@@ -148,7 +166,108 @@ for args in ([], ["top.qcow2"], ["nope", "o"], ["-O", "bogus", "top.qcow2", "o"]
              ["-n", "-o", "cluster_size=4k", "top.qcow2", "o"],
              Q + ["-n", "--target-is-zero", "-B", "base.qcow2", "-F", "qcow2", "top.qcow2", "big.qcow2"],
              ["-Z", "top.qcow2", "o"], ["--bogus", "top.qcow2", "o"], ["-O"],
-             Q + ["top.qcow2", "top.qcow2"], Q + ["-n", "top.qcow2", "top.qcow2"]):
+             Q + ["top.qcow2", "top.qcow2"], Q + ["-n", "top.qcow2", "top.qcow2"],
+             ["-l", "nope", "snap.qcow2", "o"], ["-l", "snapshot.name=nope", "snap.qcow2", "o"],
+             ["-l", "snapshot.id=2,snapshot.name=s1", "snap.qcow2", "o"], ["-l", "", "snap.qcow2", "o"],
+             ["-l", "snapshot.foo=1", "snap.qcow2", "o"], ["-l", "snapshot.id=1,x=2", "snap.qcow2", "o"],
+             ["-l", "s1", "snap.qcow2", "top.qcow2", "o"], ["-l", "s1", "-f", "raw", "in.raw", "o"],
+             ["-l", "s1", "top.qcow2", "o"], ["-r", "abc", "top.qcow2", "o"]):
     case("error: %s" % " ".join(args), args)
+
+
+# qcowkit's own options (qemu-img 7.2 has none of them): the output must
+# read as the source, and qemu-img must find it clean.
+def own_case(name, args, srcimg, out_fmt="qcow2", expect_rc=0, expect_err=None, check=None):
+    n = new_case()
+    k = os.path.join(WORK, "k%d" % n)
+    shutil.copytree(src, k)
+    rc, o, e = run([QK, "convert"] + args + [srcimg, "o"], k)
+    if rc != expect_rc:
+        bad(name, "exit %d (expected %d): %s%s" % (rc, expect_rc, o, e))
+    elif expect_err and expect_err not in e:
+        bad(name, "stderr %r lacks %r" % (e, expect_err))
+    elif rc == 0:
+        rc2, o2, e2 = run(["qemu-img", "compare", "-U", "-F", out_fmt, srcimg, "o"], k)
+        if rc2 != 0:
+            bad(name, "output reads differently from the source: %s%s" % (o2, e2))
+        if out_fmt == "qcow2":
+            rc2, o2, _ = run(["qemu-img", "check", "o"], k)
+            if rc2 != 0:
+                bad(name, "qemu-img check: %s" % o2.strip())
+        if check:
+            check(name, k)
+    shutil.rmtree(k)
+
+
+def compressed_share(d):
+    rc, o, _ = run(["qemu-img", "check", "--output=json", "o"], d)
+    j = json.loads(o)
+    return j.get("compressed-clusters", 0) / max(1, j.get("allocated-clusters", 1))
+
+
+def all_compressed(name, d):
+    if compressed_share(d) < 0.9:
+        bad(name, "only %.0f%% of the clusters are compressed" % (100 * compressed_share(d)))
+
+
+own_case("--compress-level 19 zstd", Q + ["-c", "-o", "compression_type=zstd", "--compress-level", "19"], "big.qcow2",
+         check=all_compressed)
+own_case("--compress-level 1 zlib, --compress-threads 1", Q + ["-c", "--compress-level", "1", "--compress-threads", "1"],
+         "big.qcow2", check=all_compressed)
+own_case("--compress-level 9 zlib, --compress-threads 3", Q + ["-c", "--compress-level", "9", "--compress-threads", "3"],
+         "top.qcow2")
+own_case("--compress-level 12 on zlib", Q + ["-c", "--compress-level", "12"], "top.qcow2", expect_rc=1,
+         expect_err="Invalid compression level 12 for zlib")
+own_case("--compress-level 0", Q + ["-c", "--compress-level", "0"], "top.qcow2", expect_rc=1,
+         expect_err="Invalid compression level '0'")
+own_case("--compress-level 23", Q + ["-c", "--compress-level", "23"], "top.qcow2", expect_rc=1,
+         expect_err="Invalid compression level '23'")
+own_case("--compress-threads 0", Q + ["-c", "--compress-threads", "0"], "top.qcow2", expect_rc=1,
+         expect_err="Invalid number of compression threads '0'")
+
+
+# The level reaches the compressor: zstd 19 packs words from a small
+# vocabulary clearly tighter than zstd 1 (about 9% at 64k clusters).
+def level_size(level):
+    import random
+    n = new_case()
+    k = os.path.join(WORK, "k%d" % n)
+    os.makedirs(k)
+    r = random.Random(7)
+    words = [bytes(r.choice(b"abcdefghijklmnopqrstuvwxyz") for _ in range(r.randint(2, 9))) for _ in range(3000)]
+    out = bytearray()
+    while len(out) < 4 * M:
+        out += r.choice(words) + b" "
+    with open(os.path.join(k, "t.raw"), "wb") as f:
+        f.write(bytes(out[:4 * M]))
+    sh([QK, "convert", "-f", "raw", "-O", "qcow2", "-c", "-o", "compression_type=zstd",
+        "--compress-level", str(level), "t.raw", "o"], k)
+    size = os.path.getsize(os.path.join(k, "o"))
+    shutil.rmtree(k)
+    return size
+
+
+s1, s19 = level_size(1), level_size(19)
+if not s19 < s1 * 0.97:
+    bad("--compress-level changes the output", "zstd level 19 gave %d bytes, level 1 %d" % (s19, s1))
+
+
+# -r: the copy takes at least as long as the rate allows (a lower bound
+# only: a loaded machine may make it slower, never faster).
+def rate_case():
+    import time
+    n = new_case()
+    k = os.path.join(WORK, "k%d" % n)
+    shutil.copytree(src, k)
+    t0 = time.monotonic()
+    rc, o, e = run([QK, "convert", "-O", "qcow2", "-r", "8M", "-m", "4", "big.qcow2", "o"], k)
+    dt = time.monotonic() - t0
+    # 40 MiB of data at 8 MiB/s, less the limiter's 0.1 s of burst credit.
+    if rc != 0 or dt < 4.0:
+        bad("-r 8M on 40 MiB", "exit %d after %.2f s (at least 4.9 s expected): %s" % (rc, dt, e))
+    shutil.rmtree(k)
+
+
+rate_case()
 
 finish()
