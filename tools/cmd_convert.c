@@ -30,6 +30,9 @@ static const char *const usage_text =
     "Copies the content of SRC (several are concatenated) into a new image DST\n"
     "of their total size (replaced if it exists). Only data is read: ranges the\n"
     "sources know to be zeros are skipped, and the new image stays sparse.\n"
+    "SRC and DST may be NBD URIs (nbd://HOST[:PORT]/NAME, nbd+unix:///NAME?socket=\n"
+    "PATH): data streams to and from the export; an export DST is not created but\n"
+    "written in place (raw), and must be at least as large as the sources.\n"
     "  -f FMT        format of the sources (default: probed)\n"
     "  -O FMT        format of DST: raw (default) or qcow2\n"
     "  -o OPTIONS    creation options for DST, as for create ('-o help' lists them)\n"
@@ -384,6 +387,7 @@ static int run_convert(int argc, char **argv)
         return 1;
     }
     const char *out_name = argv[argc - 1];
+    bool nbd_out = qk_block_is_nbd_uri(out_name);
     bool qcow2 = strcmp(out_fmt, "qcow2") == 0;
     for (int i = 0; i < nlists; i++) {
         if (strcmp(opt_lists[i], "help") == 0 || strcmp(opt_lists[i], "?") == 0) {
@@ -493,7 +497,13 @@ static int run_convert(int argc, char **argv)
         const char *msg = validate(&a, qcow2, why, sizeof(why));
         a.o.size = total;
         a.o.size_set = true;
-        if (!msg && qk_block_create(out_name, &a.o, &err) < 0) {
+        if (!msg && nbd_out && !qcow2) {
+            /* An export cannot be created: as qemu-img, it is used as it
+             * is, if large enough (checked once open), and not assumed to
+             * read as zeros. */
+        } else if (!msg && nbd_out) {
+            msg = "a qcow2 image cannot be created on an NBD export (create it there first, then use -n)";
+        } else if (!msg && qk_block_create(out_name, &a.o, &err) < 0) {
             msg = err.msg;
         }
         if (msg) {
@@ -524,6 +534,13 @@ static int run_convert(int argc, char **argv)
             goto out;
         }
     }
+    if (nbd_out && !no_create) {
+        int64_t olen = qk_block_length(out);
+        if (olen < 0 || (uint64_t)olen < total) {
+            qk_tool_error("%s: error while converting %s: Cannot grow NBD nodes", out_name, out_fmt);
+            goto out;
+        }
+    }
     if (no_create) {
         int64_t olen = qk_block_length(out);
         if (olen < 0 || (uint64_t)olen < total) {
@@ -536,7 +553,7 @@ static int run_convert(int argc, char **argv)
             .src = src,
             .nb_src = nb_src,
             .dst = out,
-            .target_zero = no_create ? target_is_zero : !a.o.backing_file,
+            .target_zero = no_create ? target_is_zero : !a.o.backing_file && !nbd_out,
             .top_only = backing != NULL || a.o.backing_file != NULL,
             .sparse = sparse,
             .compress = compress,
