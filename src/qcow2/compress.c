@@ -4,9 +4,12 @@
  * the spec requires) or zstd-compressed (type 1) on its own; data that
  * does not shrink below a cluster is written uncompressed, as QEMU does.
  * Compressed clusters are packed into host clusters one after another,
- * each starting on a 512-byte sector (the L2 entry counts sectors) and
- * padded to the end of its last sector, so a reader of the whole range
- * never reads past the file's end. Every compressed cluster holds one
+ * byte by byte as QEMU packs them (the L2 entry's sector count then
+ * covers parts of sectors that neighbours use, and its last sector may
+ * reach past the file's end: readers take what is there); on a file
+ * opened O_DIRECT each starts on a sector of its own and is padded to
+ * the end of its last one, so no write needs a read-modify-write of a
+ * sector another compressed cluster uses. Every compressed cluster holds one
  * reference on the host cluster it lies in: a host cluster shared by
  * several is freed when the last of them is.
  *
@@ -77,7 +80,7 @@ static void compress_job(void *opaque)
     j->result = qcow2_compress_cluster(j->type, j->level, j->in, j->len, j->out, j->cap);
 }
 
-/* Reserves len bytes (whole sectors, at most a cluster) for compressed
+/* Reserves len bytes (at most a cluster) for compressed
  * data and takes the references that cover them; returns the host offset
  * or -errno. Data packs tightly: what does not fit in the rest of the
  * cluster being filled runs on into the next one when that is the
@@ -173,7 +176,11 @@ static int coroutine_fn write_one(Qcow2State *s, uint64_t c, const uint8_t *buf,
         qk_iov_init_buf(&q, (void *)buf, len);
         return qcow2_co_pwritev(s->bs, c << s->cluster_bits, len, &q, 0, 0);
     }
-    uint64_t wlen = qk_align_up(clen, SECTOR);
+    /* Packed byte by byte, as QEMU packs them (at 4k clusters, sector
+     * padding made files 3-5% larger). Only a file that needs aligned
+     * writes (O_DIRECT) gets whole sectors, so that two clusters never
+     * share a sector that would need a read-modify-write. */
+    uint64_t wlen = s->bs->file->request_alignment > 1 ? qk_align_up(clen, SECTOR) : clen;
     memset(out + clen, 0, wlen - clen);
 
     Qcow2Req req;

@@ -252,6 +252,39 @@ if not s19 < s1 * 0.97:
     bad("--compress-level changes the output", "zstd level 19 gave %d bytes, level 1 %d" % (s19, s1))
 
 
+# -c output sizes within 2% of qemu-img's for the same data, cluster size
+# and compression type (12 MiB of words from a small vocabulary, 4 MiB of
+# random bytes that stay uncompressed).
+def size_cases():
+    import random
+    n = new_case()
+    k = os.path.join(WORK, "k%d" % n)
+    os.makedirs(k)
+    r = random.Random(11)
+    words = [bytes(r.choice(b"abcdefghijklmnopqrstuvwxyz") for _ in range(r.randint(2, 9))) for _ in range(3000)]
+    out = bytearray()
+    while len(out) < 12 * M:
+        out += r.choice(words) + b" "
+    with open(os.path.join(k, "mix.raw"), "wb") as f:
+        f.write(bytes(out[:12 * M]) + r.randbytes(4 * M))
+    for cs in ("4k", "64k", "2M"):
+        for ct in ("zlib", "zstd"):
+            sizes = []
+            for tool in ("qemu-img", QK):
+                o = os.path.join(k, "o.qcow2")
+                if os.path.exists(o):
+                    os.unlink(o)
+                sh([tool, "convert", "-c", "-f", "raw", "-O", "qcow2", "-o",
+                    "cluster_size=%s,compression_type=%s" % (cs, ct), "mix.raw", "o.qcow2"], k)
+                sizes.append(os.path.getsize(o))
+            if abs(sizes[1] - sizes[0]) > 0.02 * sizes[0]:
+                bad("-c size, %s clusters, %s" % (cs, ct), "qemu-img %d bytes, qcowkit %d" % tuple(sizes))
+    shutil.rmtree(k)
+
+
+size_cases()
+
+
 # -r: the copy takes at least as long as the rate allows (a lower bound
 # only: a loaded machine may make it slower, never faster).
 def rate_case():
