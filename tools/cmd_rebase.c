@@ -23,7 +23,7 @@
 #include <string.h>
 
 static const char *const usage_text =
-    "Usage: qcowkit rebase [-q] [-f FMT] [-t CACHE] [-T SRC_CACHE] [-p] [-u] -b BACKING [-F BACKING_FMT] FILE\n"
+    "Usage: qcowkit rebase [-q] [-f FMT] [-t CACHE] [-T SRC_CACHE] [-p] [-u] [-c] -b BACKING [-F BACKING_FMT] FILE\n"
     "\n"
     "Changes the backing file of FILE to BACKING (\"\" for none). Unless -u,\n"
     "every range whose content would change is first copied into FILE, so the\n"
@@ -37,13 +37,14 @@ static const char *const usage_text =
     "  -F FMT        its format (required with a backing file)\n"
     "  -u            unsafe: only change the name in the header (the old and the\n"
     "                new backing file need not exist)\n"
+    "  -c            write the clusters copied into FILE compressed (qcow2)\n"
     "  -p            show progress on stderr\n"
     "  -q            quiet\n";
 
 typedef struct RebaseCmd {
     QkBlock *top, *nb;
     const char *backing, *backing_fmt;
-    bool unsafe;
+    bool unsafe, compress;
     QkProgress progress;
     QkError err;
     bool copied;        /* the copy succeeded: a failure is the header's */
@@ -54,7 +55,8 @@ static void coroutine_fn rebase_co(void *opaque)
 {
     RebaseCmd *c = opaque;
     if (!c->unsafe) {
-        QkRebaseOptions o = {.workers = 8, .progress = qk_progress_report, .opaque = &c->progress};
+        QkRebaseOptions o = {.workers = 8, .compress = c->compress, .progress = qk_progress_report,
+                             .opaque = &c->progress};
         c->ret = qk_co_rebase_copy(c->top, c->nb, &o);
         if (c->ret < 0) {
             return;
@@ -83,7 +85,7 @@ static int run_rebase(int argc, char **argv)
     };
     optind = 1;
     int opt;
-    while ((opt = getopt_long(argc, argv, ":f:t:T:b:F:upqh", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, ":f:t:T:b:F:upcqh", longopts, NULL)) != -1) {
         switch (opt) {
         case 'f':
             fmt = optarg;
@@ -106,6 +108,9 @@ static int run_rebase(int argc, char **argv)
         case 'p':
             progress = true;
             break;
+        case 'c':
+            c.compress = true;
+            break;
         case 'q':
             quiet = true;
             break;
@@ -125,6 +130,10 @@ static int run_rebase(int argc, char **argv)
     if (!c.unsafe && !c.backing) {
         qk_tool_error("Must specify backing file (-b) or use unsafe mode (-u)");
         fprintf(stderr, "Try '%s --help' for more information\n", qk_progname);
+        return 1;
+    }
+    if (c.compress && c.unsafe) {
+        qk_tool_error("Compression can't be used with unsafe rebase");
         return 1;
     }
     int flags = QK_OPEN_RDWR, src_flags = 0;
@@ -153,6 +162,10 @@ static int run_rebase(int argc, char **argv)
         return 1;
     }
     /* Everything that can refuse refuses here, before any write. */
+    if (c.compress && !c.top->drv->co_pwritev_compressed) {
+        qk_tool_error("Compression not supported for this file format");
+        goto out;
+    }
     if (!c.top->drv->co_change_backing) {
         change_error(&c, "Operation not supported");
         goto out;

@@ -7,8 +7,9 @@
  * know to be zero are skipped without reading.
  *
  * Units are the image's allocation granularity (cluster, or subcluster
- * with extended L2 entries): a unit that differs is written whole, so
- * the write allocates without copy-on-write reads. The image is flushed
+ * with extended L2 entries; always a cluster when compressing): a unit
+ * that differs is written whole, so the write allocates without
+ * copy-on-write reads. The image is flushed
  * before returning: the header change that follows must not reach the
  * disk before the data it depends on.
  *
@@ -107,7 +108,9 @@ static int coroutine_fn compare_range(RebaseRun *r, uint64_t off, uint64_t len, 
         if (old_zero || qk_buf_is_zero(oldbuf + u, n)) {
             ret = qk_co_pwrite_zeroes(r->top, off + u, n, 0);
         } else {
-            ret = qk_co_pwrite(r->top, off + u, n, oldbuf + u, 0);
+            QkIov q;
+            qk_iov_init_buf(&q, oldbuf + u, n);
+            ret = qk_co_pwritev(r->top, off + u, n, &q, 0, r->opts->compress ? QK_REQ_COMPRESSED : 0);
         }
         if (ret < 0) {
             return ret;
@@ -173,7 +176,9 @@ int coroutine_fn qk_co_rebase_copy(QkBlock *top, QkBlock *new_backing, const QkR
     QkImageInfo info = {0};
     qk_block_get_info(top, &info);
     r.unit = info.cluster_size ? info.cluster_size : 65536;
-    if (info.extended_l2) {
+    /* Compressed writes are whole clusters: the unit stays a cluster
+     * (a cluster the image holds in part is read whole through it). */
+    if (info.extended_l2 && !opts->compress) {
         r.unit /= 32;
     }
     r.unit = QK_MAX(r.unit, 512u);

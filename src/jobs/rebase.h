@@ -14,6 +14,7 @@ typedef void QkRebaseProgress(uint64_t done, uint64_t total, void *opaque);
 
 typedef struct QkRebaseOptions {
     int workers;                 /* coroutines comparing at once (1..64) */
+    bool compress;               /* -c: differing clusters written compressed */
     QkRebaseProgress *progress;  /* may be NULL */
     void *opaque;
 } QkRebaseOptions;

@@ -178,4 +178,56 @@ case("error: old backing file missing (safe)", [
     ("b.qcow2", "qcow2", 8 * M, "", None, b_data), ("t.qcow2", "qcow2", 8 * M, "", Q("gone.qcow2"), [])],
     ["-b", "b.qcow2", "-F", "qcow2", "t.qcow2"], readable=False)
 
+
+# -c (qemu-img 7.2 has no rebase -c): qemu-img rebases a copy without it;
+# qcowkit's -c result must read as before the rebase and as qemu-img's, be
+# clean, and hold the copied clusters compressed.
+def compress_case(name, images, args, top="t.qcow2", ctype=None):
+    n = new_case()
+    p, q, k = (os.path.join(WORK, "%s%d" % (x, n)) for x in "pqk")
+    build(p, images)
+    shutil.copytree(p, q)
+    shutil.copytree(p, k)
+    rc, out, err = run(["qemu-img", "rebase"] + args, q)
+    if rc != 0:
+        bad(name, "qemu-img rebase failed: %s%s" % (out, err))
+    rc, out, err = run([QK, "rebase", "-c"] + args, k)
+    if rc != 0:
+        bad(name, "qcowkit rebase -c failed: %s%s" % (out, err))
+        return
+    for ref, what in ((os.path.join(p, top), "before the rebase"), (os.path.join(q, top), "qemu-img's result")):
+        rc, out, err = run(["qemu-img", "compare", ref, os.path.join(k, top)])
+        if rc != 0:
+            bad(name, "reads differently from %s: %s%s" % (what, out, err))
+    rc, out, _ = run(["qemu-img", "check", "--output=json", top], k)
+    if rc != 0:
+        bad(name, "qemu-img check: %s" % out)
+    elif json.loads(out).get("compressed-clusters", 0) == 0:
+        bad(name, "no compressed cluster in the result")
+
+
+for o in ("", "cluster_size=4096", "compression_type=zstd", "extended_l2=on"):
+    imgs = [("a.qcow2", "qcow2", 8 * M, o, None, a_data), ("b.qcow2", "qcow2", 8 * M, o, None, b_data),
+            ("t.qcow2", "qcow2", 8 * M, o, Q("a.qcow2"), t_data)]
+    compress_case("-c onto another base (%s)" % (o or "defaults"), imgs, ["-b", "b.qcow2", "-F", "qcow2", "t.qcow2"])
+    compress_case("-c standalone (%s)" % (o or "defaults"), imgs, ["-b", "", "t.qcow2"])
+compress_case("-c drop the middle layer", three, ["-b", "a.qcow2", "-F", "qcow2", "t.qcow2"])
+compress_case("-c, extended L2 overlay, backing with smaller clusters", [
+    ("a.qcow2", "qcow2", 8 * M, "cluster_size=4096", None, a_data),
+    ("b.qcow2", "qcow2", 8 * M, "cluster_size=512", None, ["write -P 0x22 1000 70000", "write -P 0x23 3M 512"]),
+    ("t.qcow2", "qcow2", 8 * M, "extended_l2=on", Q("a.qcow2"),
+     ["write -P 0x51 2048 2048", "write -P 0x52 70000 3000", "write -z 6M 4096", "discard 1M 8192"])],
+    ["-b", "b.qcow2", "-F", "qcow2", "t.qcow2"])
+for args, msg in ((["-c", "-u", "-b", "b.qcow2", "-F", "qcow2", "t.qcow2"], "Compression can't be used with unsafe"),
+                  (["-c", "-b", "b.qcow2", "-F", "qcow2", "-f", "raw", "t.qcow2"], "Compression not supported")):
+    n = new_case()
+    k = os.path.join(WORK, "k%d" % n)
+    build(k, imgs)
+    before = open(os.path.join(k, "t.qcow2"), "rb").read()
+    rc, out, err = run([QK, "rebase"] + args, k)
+    if rc != 1 or msg not in err:
+        bad("error: rebase %s" % " ".join(args), "exit %d, %r" % (rc, err))
+    if open(os.path.join(k, "t.qcow2"), "rb").read() != before:
+        bad("error: rebase %s" % " ".join(args), "the image changed")
+
 finish()
