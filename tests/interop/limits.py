@@ -215,7 +215,9 @@ CASES = [
     ("65537 snapshots", snapshots_65537,
      [("info", FAIL, "too many snapshots"), ("check", FAIL, "too many snapshots"), ("map", FAIL, "too many snapshots")]),
     ("compressed cluster inflating to 16 MiB", compressed_bomb,
-     [("io -c 'read 0 64k'", OK, "read 65536/65536"), ("check", OK, "No errors"), ("map", OK, "")]),
+     # Reading it is an error, promptly (QEMU takes its first 64k): no
+     # writer makes a stream that outgrows its cluster.
+     [("io -c 'read 0 64k'", FAIL, "read failed"), ("check", OK, "No errors"), ("map", OK, "")]),
     ("header extensions without an end (2 MiB cluster)", ext_endless,
      [("info", FAIL, "too many header extensions"), ("check", FAIL, "too many header extensions"),
       ("map", FAIL, "too many header extensions")]),
