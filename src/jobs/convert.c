@@ -1,7 +1,7 @@
 /*
  * Convert's copy (see convert.h): the sources' concatenated content is
- * walked in claims of up to CHUNK bytes (aligned to CHUNK, so to every
- * target cluster), several coroutines at once. Each claim asks block
+ * walked in claims of up to CHUNK bytes (COMPRESS_CHUNK with -c; aligned
+ * to their size, so to every target cluster), several coroutines at once. Each claim asks block
  * status first and reads only what holds data; known zeros are not read.
  * A claim whose first status covers far more than CHUNK and needs no
  * writes (zeros into a target that already reads as zeros, or ranges
@@ -27,6 +27,10 @@
 #include <string.h>
 
 #define CHUNK (2u << 20)
+/* Compressing, the CPU is the limit, not the number of requests: smaller
+ * claims keep every worker's buffer small (16 workers, 8 MiB in all)
+ * while a claim still compresses several clusters in parallel. */
+#define COMPRESS_CHUNK (512u << 10)
 /* How far the first status of a claim looks for a range to skip. */
 #define PROBE (1ull << 40)
 
@@ -43,6 +47,7 @@ typedef struct Run {
     uint64_t total;
     uint64_t dst_len;    /* the target's length (at least total) */
     uint32_t cluster;    /* target cluster (compressed writes); 0 for raw */
+    uint64_t chunk;      /* claim size and alignment: CHUNK, or COMPRESS_CHUNK */
     uint64_t zunit;      /* zero-detection unit; 0: none (-S 0) */
     size_t align;
     uint64_t next;       /* first byte no claim covers yet */
@@ -303,7 +308,7 @@ static int coroutine_fn copy_claim(Worker *w, uint64_t off, uint64_t *end)
     }
     if (!needs_write(r, kind) && off + n > *end && r->next == *end) {
         /* Nothing to write far beyond this claim: take it all. */
-        uint64_t e = off + n == r->total ? r->total : (off + n) / CHUNK * CHUNK;
+        uint64_t e = off + n == r->total ? r->total : (off + n) / r->chunk * r->chunk;
         if (e > *end) {
             r->next = *end = e;
         }
@@ -357,13 +362,13 @@ static void coroutine_fn worker(void *opaque)
 {
     Worker w = {.r = opaque};
     Run *r = w.r;
-    w.buf = qk_aligned_alloc(r->align, CHUNK);
+    w.buf = qk_aligned_alloc(r->align, r->chunk);
     if (!w.buf && r->ret == 0) {
         r->ret = -ENOMEM;
     }
     while (w.buf && r->ret == 0 && r->next < r->total) {
         uint64_t off = r->next;
-        uint64_t end = QK_MIN(r->total, (off / CHUNK + 1) * CHUNK);
+        uint64_t end = QK_MIN(r->total, (off / r->chunk + 1) * r->chunk);
         r->next = end;
         int ret = copy_claim(&w, off, &end);
         if (ret < 0 && r->ret == 0) {
@@ -411,6 +416,7 @@ int coroutine_fn qk_co_convert(const QkConvertOptions *o, QkError *err)
      * are larger than -S: a unit partly written is allocated anyway. */
     uint64_t unit = info.cluster_size ? (info.extended_l2 ? info.cluster_size / 32 : info.cluster_size) : 0;
     r.zunit = o->sparse ? QK_MAX(o->sparse, unit) : 0;
+    r.chunk = o->compress ? QK_MAX((uint64_t)COMPRESS_CHUNK, r.cluster) : CHUNK;
     int workers = QK_MAX(1, QK_MIN(o->workers, 16));
     r.running = workers;
     if (o->progress) {

@@ -211,17 +211,30 @@ static int coroutine_fn write_one(Qcow2State *s, uint64_t c, const uint8_t *buf,
 typedef struct ClusterTask {
     Qcow2State *s;
     uint64_t c, len;
+    const uint8_t *src;  /* the caller's buffer (a whole cluster), or NULL: buf */
     uint8_t *buf, *out;
 } ClusterTask;
 
 static int coroutine_fn cluster_task(void *opaque)
 {
     ClusterTask *t = opaque;
-    int r = write_one(t->s, t->c, t->buf, t->len, t->out);
+    int r = write_one(t->s, t->c, t->src ? t->src : t->buf, t->len, t->out);
     free(t->buf);
     free(t->out);
     free(t);
     return r;
+}
+
+/* The caller's bytes of [off, off+len) when they are contiguous in one
+ * element of q (the usual case: convert passes one buffer), else NULL. */
+static const uint8_t *contiguous(const QkIov *q, size_t off, size_t len)
+{
+    for (int i = 0; i < q->niov; off -= q->iov[i].iov_len, i++) {
+        if (off < q->iov[i].iov_len) {
+            return off + len <= q->iov[i].iov_len ? (const uint8_t *)q->iov[i].iov_base + off : NULL;
+        }
+    }
+    return NULL;
 }
 
 /* Clusters of one request compressed at once (the worker threads bound
@@ -242,18 +255,25 @@ int coroutine_fn qcow2_co_pwritev_compressed(QkBlock *bs, uint64_t off, uint64_t
     for (uint64_t done = 0; r == 0 && done < bytes; done += cs) {
         uint64_t n = QK_MIN(cs, bytes - done);
         ClusterTask *t = malloc(sizeof(*t));
-        uint8_t *buf = qk_aligned_alloc(QK_MAX(4096u, bs->mem_alignment), cs);
+        /* The caller's buffer stays valid until this function returns
+         * (it waits for every task): a whole cluster in one piece is
+         * compressed from there, without a copy. */
+        const uint8_t *src = n == cs ? contiguous(qiov, qoff + done, cs) : NULL;
+        uint8_t *buf = src ? NULL : qk_aligned_alloc(QK_MAX(4096u, bs->mem_alignment), cs);
         uint8_t *out = malloc(cs + SECTOR);
-        if (!t || !buf || !out) {
+        if (!t || (!src && !buf) || !out) {
             free(t);
             free(buf);
             free(out);
             r = -ENOMEM;
             break;
         }
-        qk_iov_to_buf(qiov, qoff + done, buf, n);
-        memset(buf + n, 0, cs - n);
-        *t = (ClusterTask){.s = s, .c = (off + done) >> s->cluster_bits, .len = n, .buf = buf, .out = out};
+        if (!src) {
+            qk_iov_to_buf(qiov, qoff + done, buf, n);
+            memset(buf + n, 0, cs - n);
+        }
+        *t = (ClusterTask){.s = s, .c = (off + done) >> s->cluster_bits, .len = n, .src = src, .buf = buf,
+                           .out = out};
         if (pool) {
             qk_task_pool_start(pool, cluster_task, t);
             r = qk_task_pool_status(pool);
