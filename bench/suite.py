@@ -14,6 +14,12 @@ Timing comes from each tool's own report ("Run completed in X seconds." or
 fio's job runtime), so image creation is never counted. Peak resident memory
 is measured with /usr/bin/time.
 
+The convert rows (--only convert) come from bench/convert.py: qcowkit
+convert against qemu-img convert -m 16 -W -t none -T none on a generated
+4 GiB qcow2 (to qcow2, to raw, compressed with zlib and zstd) and an empty
+1 TiB one, end to end, with dd and zstd -T0 as the disk's and the
+compressor's limits.
+
 The VM-state rows (--only vmstate) come from bench/vmstate.sh: saving a
 migration-like stream of pseudo-random pages (256 MiB with --quick, else
 2 GiB) through the buffered writer, the unbuffered path and the CLI pipe,
@@ -34,6 +40,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lifecycle import lifecycle_results  # noqa: E402
+from convert import convert_results  # noqa: E402
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QCOWKIT = os.environ.get("QCOWKIT_BIN", os.path.join(TOP, "build", "tools", "qcowkit"))
@@ -317,6 +324,8 @@ def main():
             results += vmstate_results(a.quick, runs, scratch)
         if selected(a.only, "lifecycle", "commit", "rebase", "resize"):
             results += lifecycle_results(a.quick, runs, scratch, QCOWKIT)
+        if selected(a.only, "convert", "compress"):
+            results += convert_results(a.quick, runs, scratch, QCOWKIT)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
