@@ -24,6 +24,7 @@
 #include "aio/work_pool.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
@@ -31,29 +32,98 @@
 
 #define SECTOR 512u
 
+/* Per-thread compressor state kept between clusters: setting up a zstd
+ * context or a deflate stream (hundreds of KiB of tables, zeroed) costs
+ * about as much as compressing a 64 KiB cluster. Freed when the thread
+ * ends; without it (out of memory) each call sets up its own. */
+typedef struct Compressors {
+    ZSTD_CCtx *zstd;
+    z_stream z;
+    bool z_ready;
+    int z_level;
+} Compressors;
+
+static pthread_key_t comp_key;
+static bool comp_key_ok;
+static pthread_once_t comp_once = PTHREAD_ONCE_INIT;
+
+static void comp_free(void *p)
+{
+    Compressors *c = p;
+    ZSTD_freeCCtx(c->zstd);
+    if (c->z_ready) {
+        deflateEnd(&c->z);
+    }
+    free(c);
+}
+
+static void comp_key_init(void)
+{
+    comp_key_ok = pthread_key_create(&comp_key, comp_free) == 0;
+}
+
+static Compressors *compressors(void)
+{
+    pthread_once(&comp_once, comp_key_init);
+    if (!comp_key_ok) {
+        return NULL;
+    }
+    Compressors *c = pthread_getspecific(comp_key);
+    if (!c && (c = calloc(1, sizeof(*c))) && pthread_setspecific(comp_key, c) != 0) {
+        free(c);
+        c = NULL;
+    }
+    return c;
+}
+
+/* Raw deflate with a 4 KiB window: what readers of type 0 expect. */
+static int deflate_setup(z_stream *z, int level)
+{
+    memset(z, 0, sizeof(*z));
+    return deflateInit2(z, level, Z_DEFLATED, -12, 9, Z_DEFAULT_STRATEGY) == Z_OK ? 0 : -1;
+}
+
 /* Compresses in (len bytes) into out (cap bytes); returns the compressed
  * length, or 0 when it does not fit in cap. May run on any thread. */
 static size_t compress_zlib(const uint8_t *in, size_t len, uint8_t *out, size_t cap, int level)
 {
-    z_stream z;
-    memset(&z, 0, sizeof(z));
-    /* Raw deflate with a 4 KiB window: what readers of type 0 expect. */
-    if (deflateInit2(&z, level, Z_DEFLATED, -12, 9, Z_DEFAULT_STRATEGY) != Z_OK) {
+    Compressors *c = compressors();
+    z_stream local, *z = &local;
+    if (c && c->z_ready && c->z_level == level && deflateReset(&c->z) == Z_OK) {
+        z = &c->z;
+    } else if (c) {
+        if (c->z_ready) {
+            deflateEnd(&c->z);
+        }
+        c->z_ready = deflate_setup(&c->z, level) == 0;
+        c->z_level = level;
+        if (!c->z_ready) {
+            return 0;
+        }
+        z = &c->z;
+    } else if (deflate_setup(&local, level) < 0) {
         return 0;
     }
-    z.next_in = (Bytef *)in;
-    z.avail_in = (uInt)len;
-    z.next_out = out;
-    z.avail_out = (uInt)cap;
-    int r = deflate(&z, Z_FINISH);
-    size_t n = r == Z_STREAM_END ? cap - z.avail_out : 0;
-    deflateEnd(&z);
+    z->next_in = (Bytef *)in;
+    z->avail_in = (uInt)len;
+    z->next_out = out;
+    z->avail_out = (uInt)cap;
+    int r = deflate(z, Z_FINISH);
+    size_t n = r == Z_STREAM_END ? cap - z->avail_out : 0;
+    if (z == &local) {
+        deflateEnd(&local);
+    }
     return n;
 }
 
 static size_t compress_zstd(const uint8_t *in, size_t len, uint8_t *out, size_t cap, int level)
 {
-    size_t n = ZSTD_compress(out, cap, in, len, level);
+    Compressors *c = compressors();
+    if (c && !c->zstd) {
+        c->zstd = ZSTD_createCCtx();
+    }
+    size_t n = c && c->zstd ? ZSTD_compressCCtx(c->zstd, out, cap, in, len, level)
+                            : ZSTD_compress(out, cap, in, len, level);
     return ZSTD_isError(n) ? 0 : n;
 }
 
