@@ -116,6 +116,24 @@ static json_t *to_json(const char *filename, const QkImageInfo *info, const char
         if (v3) {
             json_object_set_new(d, "lazy-refcounts", json_boolean(info->lazy_refcounts));
         }
+        if (info->nb_bitmaps) {
+            json_t *bl = json_array();
+            for (int i = 0; i < info->nb_bitmaps; i++) {
+                const QkBitmapInfo *b = &info->bitmaps[i];
+                json_t *bo = json_object(), *fl = json_array();
+                if (b->in_use) {
+                    json_array_append_new(fl, json_string("in-use"));
+                }
+                if (b->auto_enabled) {
+                    json_array_append_new(fl, json_string("auto"));
+                }
+                json_object_set_new(bo, "flags", fl);
+                json_object_set_new(bo, "name", json_string(b->name));
+                json_object_set_new(bo, "granularity", json_integer((json_int_t)b->granularity));
+                json_array_append_new(bl, bo);
+            }
+            json_object_set_new(d, "bitmaps", bl);
+        }
         json_object_set_new(d, "refcount-bits", json_integer(info->refcount_bits));
         if (v3) {
             json_object_set_new(d, "corrupt", json_boolean(info->corrupt));
@@ -204,6 +222,12 @@ static int run(int argc, char **argv)
         }
         QkImageInfo info;
         qk_block_get_info(bs, &info);
+        if (info.bitmaps_stale) {
+            /* What QEMU says when it opens such an image. */
+            fprintf(stderr, "%s: warning: a program lacking bitmap support modified this file, so all bitmaps are "
+                            "now considered inconsistent\nSome clusters may be leaked, run '%s check -r' on the "
+                            "image file to fix.\n", qk_progname, qk_progname);
+        }
         SnapList sl;
         if (list_snapshots(bs, &sl) < 0) {
             qk_tool_error("Could not read the snapshot table of '%s': %s", name, sl.err.msg);

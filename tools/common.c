@@ -7,6 +7,7 @@
 #include "block/snapshot.h"
 #include "util/size.h"
 #include <errno.h>
+#include <inttypes.h>
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -67,10 +68,36 @@ void qk_tool_print_json(json_t *j)
 {
     /* Four-space indent and insertion order: the layout qemu-img prints. */
     char *s = json_dumps(j, JSON_INDENT(4) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
-    if (s) {
-        puts(s);
-        free(s);
+    if (!s) {
+        return;
     }
+    /* qemu-img prints an empty array as "[", a new line and "]" at the
+     * line's indent; jansson as "[]". Outside strings only. */
+    bool in_str = false;
+    size_t line = 0;
+    for (size_t i = 0; s[i]; i++) {
+        char c = s[i];
+        if (in_str) {
+            if (c == '\\' && s[i + 1]) {
+                putchar(c);
+                c = s[++i];
+            } else if (c == '"') {
+                in_str = false;
+            }
+        } else if (c == '"') {
+            in_str = true;
+        } else if (c == '\n') {
+            line = i + 1;
+        } else if (c == '[' && s[i + 1] == ']') {
+            size_t indent = strspn(s + line, " ");
+            printf("[\n%*s]", (int)indent, "");
+            i++;
+            continue;
+        }
+        putchar(c);
+    }
+    putchar('\n');
+    free(s);
 }
 
 QkBlock *qk_tool_open(const char *filename, const char *fmt, int flags, QkError *err)
@@ -102,6 +129,21 @@ void qk_tool_print_format_specific(const QkImageInfo *info)
     printf("    compression type: %s\n", info->compression_type ? info->compression_type : "zlib");
     if (info->qcow2_version >= 3) {
         printf("    lazy refcounts: %s\n", info->lazy_refcounts ? "true" : "false");
+    }
+    if (info->nb_bitmaps) {
+        printf("    bitmaps:\n");
+        for (int i = 0; i < info->nb_bitmaps; i++) {
+            const QkBitmapInfo *b = &info->bitmaps[i];
+            int f = 0;
+            printf("        [%d]:\n            flags:\n", i);
+            if (b->in_use) {
+                printf("                [%d]: in-use\n", f++);
+            }
+            if (b->auto_enabled) {
+                printf("                [%d]: auto\n", f++);
+            }
+            printf("            name: %s\n            granularity: %" PRIu64 "\n", b->name, b->granularity);
+        }
     }
     printf("    refcount bits: %u\n", info->refcount_bits);
     if (info->qcow2_version >= 3) {

@@ -105,6 +105,14 @@ typedef struct QkCreateOptions {
     int compression_type;        /* 0 zlib, 1 zstd */
 } QkCreateOptions;
 
+/* A persistent dirty bitmap stored in an image (qcow2), as info shows it. */
+typedef struct QkBitmapInfo {
+    char *name;
+    uint64_t granularity;        /* bytes per bit */
+    bool in_use;                 /* left in use: not consistent */
+    bool auto_enabled;           /* the "auto" flag: tracks writes */
+} QkBitmapInfo;
+
 /* Everything `info` shows. Drivers fill what they know. */
 typedef struct QkImageInfo {
     const char *format;
@@ -121,6 +129,9 @@ typedef struct QkImageInfo {
     bool dirty;
     const char *compression_type;
     int nb_snapshots;
+    const QkBitmapInfo *bitmaps; /* owned by the node; valid while it is open */
+    int nb_bitmaps;
+    bool bitmaps_stale;          /* bitmaps stored, but their autoclear bit is clear */
 } QkImageInfo;
 
 /* What amend changes (qemu-img amend -o); unset fields stay as they are. */

@@ -57,6 +57,7 @@ static void free_state(Qcow2State *s)
     s->l1 = s->rt = NULL;
     s->zero_buf = NULL;
     qcow2_free_extensions(s);
+    qcow2_bitmaps_free_list(s);
 }
 
 int coroutine_fn qcow2_flush_caches(Qcow2State *s)
@@ -196,6 +197,12 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
     s->written_end = flen;
     s->free_hint = 1;
 
+    /* A malformed directory does not stop the open (the bitmaps are not
+     * used for anything but info); check reports it. */
+    if (qcow2_bitmaps_load_list(s) == -ENOMEM) {
+        r = qk_error_set(err, -ENOMEM, "out of memory");
+        goto fail;
+    }
     if (!bs->read_only) {
         /* check -r writes no guest data, so the bitmaps stay valid: it
          * keeps the autoclear bits, counts the bitmaps' clusters as in use
@@ -203,6 +210,7 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
         if (s->h.autoclear_features && !(opts->flags & QK_OPEN_CHECK)) {
             /* We maintain none of the autoclear features: say so. */
             s->h.autoclear_features = 0;
+            qcow2_bitmaps_free_list(s);
             r = qcow2_write_header_field(s, QCOW2_HOFF_AUTOCLEAR, 8);
             if (r < 0) {
                 qk_error_set_errno(err, r, "Could not update the qcow2 header");
@@ -329,6 +337,9 @@ static void qcow2_get_info(QkBlock *bs, QkImageInfo *info)
     info->extended_l2 = s->extended_l2;
     info->compression_type = s->h.compression_type == 1 ? "zstd" : "zlib";
     info->nb_snapshots = (int)s->h.nb_snapshots;
+    info->bitmaps = s->bitmaps;
+    info->nb_bitmaps = s->nb_bitmaps;
+    info->bitmaps_stale = s->bitmaps_stale;
 }
 
 const QkBlockDriver qk_drv_qcow2 = {

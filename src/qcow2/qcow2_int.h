@@ -188,6 +188,9 @@ struct Qcow2State {
     uint64_t rt_disk_size;      /* entries of the table on disk at rt_offset */
 
     Qcow2Ext *exts;             /* every header extension, as read */
+    QkBitmapInfo *bitmaps;      /* the bitmap directory, for info (bitmap_dir.c) */
+    int nb_bitmaps;
+    bool bitmaps_stale;         /* a bitmaps extension whose autoclear bit is clear */
     uint8_t *feature_table;     /* raw feature name table, or NULL */
     uint32_t feature_table_len;
 
@@ -228,6 +231,11 @@ int qcow2_read_header(QkBlock *file, Qcow2Header *h, uint8_t **cluster0, uint64_
 int qcow2_validate_header(Qcow2State *s, uint64_t file_len, bool rdwr, QkError *err);
 int qcow2_parse_extensions(Qcow2State *s, const uint8_t *cluster0, char **backing_fmt, QkError *err);
 void qcow2_free_extensions(Qcow2State *s);
+/* bitmap_dir.c: reads the bitmap directory's names, granularities and
+ * flags into s->bitmaps (nothing when the autoclear bit says the bitmaps
+ * are not valid); -QK_ECORRUPT on a malformed directory. */
+int coroutine_fn qcow2_bitmaps_load_list(Qcow2State *s);
+void qcow2_bitmaps_free_list(Qcow2State *s);
 int coroutine_fn qcow2_write_header_field(Qcow2State *s, unsigned off, unsigned len);
 int coroutine_fn qcow2_set_incompat(Qcow2State *s, uint64_t incompat);
 /* Records name (NULL: none) and fmt as the backing file in cluster 0,

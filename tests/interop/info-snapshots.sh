@@ -7,20 +7,6 @@
 # Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/snapshot-lib.bash"
 
-mask() { sed -e 's/^disk size: .*/disk size: SIZE/' -e 's/"actual-size": [0-9]*/"actual-size": SIZE/'; }
-# same_info IMAGE WHAT [OPTIONS...]
-same_info() {
-  local img=$1 what=$2 o
-  shift 2
-  for o in human json; do
-    if ! diff <($QK info --output=$o "$@" "$img" | mask) \
-              <(qemu-img info --output=$o "$@" "$img" | mask) >diff.out; then
-      bad "$what ($o): info differs"
-      cat diff.out
-    fi
-  done
-}
-
 head -c 100000 /dev/urandom > state.bin
 qemu-img create -q -f qcow2 base.qcow2 16M
 qemu-io -c 'write -P 1 0 1M' base.qcow2 >/dev/null

@@ -40,3 +40,17 @@ for i in range(n):
     off = (off + 7) & ~7
 PY
 }
+# same_info IMAGE WHAT [OPTIONS...]: `info` (human and JSON) equals
+# qemu-img's byte for byte, apart from the host-dependent disk size.
+mask() { sed -e 's/^disk size: .*/disk size: SIZE/' -e 's/"actual-size": [0-9]*/"actual-size": SIZE/'; }
+same_info() {
+  local img=$1 what=$2 o
+  shift 2
+  for o in human json; do
+    if ! diff <($QK info --output=$o "$@" "$img" | mask) \
+              <(qemu-img info --output=$o "$@" "$img" | mask) >diff.out; then
+      bad "$what ($o): info differs"
+      cat diff.out
+    fi
+  done
+}
