@@ -257,6 +257,17 @@ static int coroutine_fn write_one(Qcow2State *s, uint64_t c, const uint8_t *buf,
     qcow2_req_begin(s, &req, c << s->cluster_bits, (c + 1) << s->cluster_bits, true);
     qk_co_mutex_lock(&s->lock);
     int r = qcow2_mark_dirty(s);
+    if (r == 0) {
+        /* The L2 table first, as QEMU does: allocated between two pieces
+         * of compressed data, it would break their run, and the rest of
+         * the cluster being filled would be lost to padding (a whole
+         * cluster at 2 MiB clusters). */
+        void *t;
+        r = qcow2_get_l2_for_write(s, c >> s->l2_bits, &t);
+        if (r == 0) {
+            qcow2_cache_put(s->l2_cache, &t);
+        }
+    }
     int64_t host = r == 0 ? place(s, wlen) : r;
     qk_co_mutex_unlock(&s->lock);
     if (host < 0) {
