@@ -25,9 +25,9 @@ export_file() {
   NBD_URL="nbd+unix:///e?socket=$d/$1.sock"
 }
 
-qemu-img create -q -f qcow2 src.qcow2 64M
-qemu-io -f qcow2 -c 'write -P 0x5a 0 3M' -c 'write -z 8M 1M' -c 'write -P 0x11 20M 64k' \
-  -c 'write -P 0x22 63M 1M' src.qcow2 >/dev/null
+qemu-img create -q -f qcow2 src.qcow2 16M
+qemu-io -f qcow2 -c 'write -P 0x5a 0 3M' -c 'write -z 8M 1M' -c 'write -P 0x11 10M 64k' \
+  -c 'write -P 0x22 15M 1M' src.qcow2 >/dev/null
 
 # both NAME SIZE CONVERT-ARGS... (the target written as @T@): each tool into
 # an export of its own, filled with 0x77 first so stale data would show.
@@ -55,17 +55,17 @@ both() {
   fi
 }
 
-both "qcow2 -> NBD export" 64M -O raw src.qcow2 @T@
-both "qcow2 -> larger NBD export" 80M -O raw src.qcow2 @T@
-both "qcow2 -> NBD export, -n" 64M -n -O raw src.qcow2 @T@
-both "qcow2 -> NBD export, -n -m 16 -W" 64M -n -m 16 -W -O raw src.qcow2 @T@
-both "too small an export" 32M -O raw src.qcow2 @T@
-both "too small an export, -n" 32M -n -O raw src.qcow2 @T@
-both "-S 0" 64M -S 0 -O raw src.qcow2 @T@
+both "qcow2 -> NBD export" 16M -O raw src.qcow2 @T@
+both "qcow2 -> larger NBD export" 20M -O raw src.qcow2 @T@
+both "qcow2 -> NBD export, -n" 16M -n -O raw src.qcow2 @T@
+both "qcow2 -> NBD export, -n -m 16 -W" 16M -n -m 16 -W -O raw src.qcow2 @T@
+both "too small an export" 8M -O raw src.qcow2 @T@
+both "too small an export, -n" 8M -n -O raw src.qcow2 @T@
+both "-S 0" 16M -S 0 -O raw src.qcow2 @T@
 
 # NBD source -> files.
 cases=$((cases + 1))
-export_file s src.raw 64M
+export_file s src.raw 16M
 qemu-img convert -n -f qcow2 -O raw src.qcow2 "$NBD_URL"
 for fmt in qcow2 raw; do
   qemu-img convert -f raw -O $fmt "$NBD_URL" q.$fmt || bad "NBD source" "qemu-img failed"
@@ -77,7 +77,7 @@ done
 
 # qcowkit serve as the target's server.
 cases=$((cases + 1))
-qemu-img create -q -f qcow2 served.qcow2 64M
+qemu-img create -q -f qcow2 served.qcow2 16M
 start_serve "$QK" "$d/serve.pid" --socket "$d/serve.sock" --export "name=e,file=$d/served.qcow2"
 if "$QK" convert -O raw src.qcow2 "nbd+unix:///e?socket=$d/serve.sock"; then
   stop_serve "$SERVE_PID"
