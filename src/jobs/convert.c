@@ -1,8 +1,9 @@
 /*
  * Convert's copy (see convert.h): the sources' concatenated content is
  * walked in claims of up to CHUNK bytes (COMPRESS_CHUNK with -c; aligned
- * to their size, so to every target cluster), several coroutines at once. Each claim asks block
- * status first and reads only what holds data; known zeros are not read.
+ * to their size, so to every target cluster), several coroutines at once.
+ * Each claim asks block status first and reads only what holds data;
+ * known zeros are not read.
  * A claim whose first status covers far more than CHUNK and needs no
  * writes (zeros into a target that already reads as zeros, or ranges
  * left to the target's backing) grows to cover that whole range, so an
@@ -389,14 +390,14 @@ int coroutine_fn qk_co_convert(const QkConvertOptions *o, QkError *err)
     qk_ratelimit_init(&r.limit, o->rate, 100 * 1000 * 1000);
     r.start = calloc((size_t)o->nb_src + 1, sizeof(*r.start));
     if (!r.start) {
-        return -ENOMEM;
+        return qk_error_set(err, -ENOMEM, "out of memory");
     }
     size_t align = QK_MAX(4096u, o->dst->mem_alignment);
     for (int i = 0; i < o->nb_src; i++) {
         int64_t len = qk_block_length(o->src[i]);
         if (len < 0) {
             free(r.start);
-            return (int)len;
+            return qk_error_set_errno(err, (int)len, "Could not get the size of source %d", i + 1);
         }
         r.start[i + 1] = r.start[i] + (uint64_t)len;
         align = QK_MAX(align, (size_t)o->src[i]->mem_alignment);
@@ -405,7 +406,7 @@ int coroutine_fn qk_co_convert(const QkConvertOptions *o, QkError *err)
     int64_t dlen = qk_block_length(o->dst);
     if (dlen < 0) {
         free(r.start);
-        return (int)dlen;
+        return qk_error_set_errno(err, (int)dlen, "Could not get the size of the output image");
     }
     r.dst_len = (uint64_t)dlen;
     r.align = align;
