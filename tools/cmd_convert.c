@@ -492,6 +492,12 @@ static int run_convert(int argc, char **argv)
             goto out;
         }
     }
+    /* zlib's levels end at 9: refused before a new image is created
+     * (with -n, once the target's type is known). */
+    if (compress && compress_level > 9 && !no_create && strcmp(a.compression, "zstd") != 0) {
+        qk_tool_error("Invalid compression level %" PRIu64 " for zlib: 1 to 9", compress_level);
+        goto out;
+    }
     if (!no_create) {
         char why[1024];
         const char *msg = validate(&a, qcow2, why, sizeof(why));

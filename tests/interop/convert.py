@@ -177,15 +177,18 @@ for args in ([], ["top.qcow2"], ["nope", "o"], ["-O", "bogus", "top.qcow2", "o"]
 
 # qcowkit's own options (qemu-img 7.2 has none of them): the output must
 # read as the source, and qemu-img must find it clean.
-def own_case(name, args, srcimg, out_fmt="qcow2", expect_rc=0, expect_err=None, check=None):
+def own_case(name, args, srcimg, out_fmt="qcow2", expect_rc=0, expect_err=None, check=None, check_fail=None,
+             out="o"):
     n = new_case()
     k = os.path.join(WORK, "k%d" % n)
     shutil.copytree(src, k)
-    rc, o, e = run([QK, "convert"] + args + [srcimg, "o"], k)
+    rc, o, e = run([QK, "convert"] + args + [srcimg, out], k)
     if rc != expect_rc:
         bad(name, "exit %d (expected %d): %s%s" % (rc, expect_rc, o, e))
     elif expect_err and expect_err not in e:
         bad(name, "stderr %r lacks %r" % (e, expect_err))
+    elif rc != 0 and check_fail:
+        check_fail(name, k)
     elif rc == 0:
         rc2, o2, e2 = run(["qemu-img", "compare", "-U", "-F", out_fmt, srcimg, "o"], k)
         if rc2 != 0:
@@ -217,7 +220,10 @@ own_case("--compress-level 1 zlib, --compress-threads 1", Q + ["-c", "--compress
 own_case("--compress-level 9 zlib, --compress-threads 3", Q + ["-c", "--compress-level", "9", "--compress-threads", "3"],
          "top.qcow2")
 own_case("--compress-level 12 on zlib", Q + ["-c", "--compress-level", "12"], "top.qcow2", expect_rc=1,
-         expect_err="Invalid compression level 12 for zlib")
+         expect_err="Invalid compression level 12 for zlib",
+         check_fail=lambda name, d: os.path.exists(os.path.join(d, "o")) and bad(name, "an image was created"))
+own_case("--compress-level 12, -n into a zlib image", Q + ["-n", "-c", "--compress-level", "12"], "small.qcow2",
+         expect_rc=1, expect_err="Invalid compression level 12 for zlib", out="big.qcow2")
 own_case("--compress-level 0", Q + ["-c", "--compress-level", "0"], "top.qcow2", expect_rc=1,
          expect_err="Invalid compression level '0'")
 own_case("--compress-level 23", Q + ["-c", "--compress-level", "23"], "top.qcow2", expect_rc=1,
