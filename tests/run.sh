@@ -42,7 +42,7 @@ record() { # name status [seconds]
 want() { [ -z "$pattern" ] || [[ "$1" == *"$pattern"* ]]; }
 
 # One lane of unit tests: every test_* binary of a build on each backend.
-# Results go to $out as "@@ name status seconds" lines, with the tail of a
+# Results go to $out as "@@RESULT name status seconds" lines, with the tail of a
 # failing test's log before its line; record() reads them afterwards, so
 # two lanes (plain and sanitizer builds) can run side by side.
 unit_lane() { # builddir label out
@@ -59,7 +59,7 @@ unit_lane() { # builddir label out
       local st=$?
       # A timed-out test's log ends with its backtraces: show them all.
       [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && tail -n "$([ "$st" -eq 124 ] && echo 120 || echo 30)" "$d/log" >>"$out"
-      echo "@@ $name $st $((SECONDS - t0))" >>"$out"
+      echo "@@RESULT $name $st $((SECONDS - t0))" >>"$out"
       rm -rf "$d"
     done
   done
@@ -69,7 +69,7 @@ collect_lane() { # out
   local line
   while IFS= read -r line; do
     case "$line" in
-      "@@ "*) local n st sec; read -r _ n st sec <<<"$line"; record "$n" "$st" "$sec" ;;
+      "@@RESULT "*) local n st sec; read -r _ n st sec <<<"$line"; record "$n" "$st" "$sec" ;;
       *) printf '%s\n' "$line" ;;
     esac
   done <"$1"
@@ -79,7 +79,7 @@ export QCOWKIT="$top/build/tools/qcowkit"
 export QCOWKIT_ASAN="$top/build-asan/tools/qcowkit"
 export SRC_DIR="$top"
 
-# The other kinds of tests, each as a lane writing "@@ name status
+# The other kinds of tests, each as a lane writing "@@RESULT name status
 # seconds" lines as unit_lane does; no test shares files with another.
 functional_lane() { # out
   local t name d t0 st out="$1"
@@ -102,7 +102,7 @@ functional_lane() { # out
     elif [ "$st" -ne 0 ] && [ "$st" -ne 77 ]; then
       tail -n 30 "$d/actual" >>"$out"
     fi
-    echo "@@ $name $st $((SECONDS - t0))" >>"$out"
+    echo "@@RESULT $name $st $((SECONDS - t0))" >>"$out"
     rm -rf "$d"
   done
 }
@@ -119,7 +119,7 @@ interop_lane() { # out
     (cd "$d" && TEST_DIR="$d" timeout 900 bash "$top/$t" >"$d/log" 2>&1)
     st=$?
     [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && tail -n 40 "$d/log" >>"$out"
-    echo "@@ $name $st $((SECONDS - t0))" >>"$out"
+    echo "@@RESULT $name $st $((SECONDS - t0))" >>"$out"
     rm -rf "$d"
   done
 }
@@ -137,7 +137,7 @@ run_crash() { # out name kind config qcowkit [options for the test]
   local st=$?
   grep -E '^(PASS|FAIL) ' "$d/log" >>"$1"
   [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && tail -n 40 "$d/log" >>"$1"
-  echo "@@ $2 $st $((SECONDS - t0))" >>"$1"
+  echo "@@RESULT $2 $st $((SECONDS - t0))" >>"$1"
   rm -rf "$d"
 }
 crash_lane() { # out
@@ -162,7 +162,7 @@ fuzz_lane() { # out
     o=$(bash tests/fuzz/run.sh --short 20 "$t" 2>&1)
     st=$?
     [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && printf '%s\n' "$o" | tail -n 60 >>"$out"
-    echo "@@ $name $st $((SECONDS - t0))" >>"$out"
+    echo "@@RESULT $name $st $((SECONDS - t0))" >>"$out"
   done
 }
 
