@@ -48,8 +48,8 @@ int qk_tool_parse_size(const char *arg, const char *what, uint64_t *out);
 /* Reports an unknown option / missing argument in getopt style and returns 1. */
 int qk_tool_bad_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* An -o boolean (on/yes/true, off/no/false) named name; reports qemu-img's
- * error and returns -1 on anything else. */
-int qk_tool_parse_bool(const char *name, const char *v, bool *out);
+ * error (after prefix, "" or "FILE: ") and returns -1 on anything else. */
+int qk_tool_parse_bool(const char *prefix, const char *name, const char *v, bool *out);
 /* -l SNAPSHOT_PARAM (convert, measure): an id or name, or
  * snapshot.id=ID[,snapshot.name=NAME]. Parsing reports qemu-img's errors
  * and returns false; loading makes a read-only image read the snapshot
@@ -61,6 +61,22 @@ typedef struct QkToolSnapshot {
 } QkToolSnapshot;
 bool qk_tool_parse_snapshot(const char *arg, QkToolSnapshot *p);
 int qk_tool_load_snapshot(QkBlock *bs, const QkToolSnapshot *p);
+/* -o creation options of create and convert (tools/create_opts.c), as
+ * given: parse checks the syntax of one list (errors prefixed with prefix,
+ * "" or "FILE: "), check their meaning, returning qemu-img's message (in why
+ * or a constant) or NULL. compression must start as "zlib", lazy as "off". */
+typedef struct QkToolCreateOpts {
+    QkCreateOptions o;
+    const char *prealloc;      /* NULL when not given */
+    const char *compat;        /* NULL when not given */
+    const char *compression;
+    const char *lazy;
+    bool cluster_size_set;
+} QkToolCreateOpts;
+void qk_tool_create_opts_help(bool qcow2, const char *kind); /* "Supported <kind>options:" */
+bool qk_tool_opt_list_valid(const char *list);
+int qk_tool_create_opts_parse(QkToolCreateOpts *a, bool qcow2, char *list, const char *prefix);
+const char *qk_tool_create_opts_check(QkToolCreateOpts *a, bool qcow2, char *why, size_t len);
 /* Parses --output=human|json; reports and returns -1 on anything else. */
 int qk_tool_parse_output(const char *cmd, const char *arg, bool *json);
 /* Prints j the way qemu-img prints JSON (4-space indent, key order kept). */

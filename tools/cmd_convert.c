@@ -59,185 +59,6 @@ static const char *const usage_text =
     "  -p            show progress\n"
     "  -q            quiet\n";
 
-static const char *const qcow2_opts_help =
-    "Supported options:\n"
-    "  backing_file=<str>     - File name of a base image\n"
-    "  backing_fmt=<str>      - Image format of the base image\n"
-    "  cluster_size=<size>    - qcow2 cluster size\n"
-    "  compat=<str>           - Compatibility level (v2 [0.10] or v3 [1.1])\n"
-    "  compression_type=<str> - Compression method used for image cluster compression\n"
-    "  extended_l2=<bool (on/off)> - Extended L2 tables\n"
-    "  lazy_refcounts=<bool (on/off)> - Postpone refcount updates\n"
-    "  preallocation=<str>    - Preallocation mode (allowed values: off, metadata, falloc, full)\n"
-    "  refcount_bits=<num>    - Width of a reference count entry in bits\n"
-    "  size=<size>            - Virtual disk size\n";
-
-static const char *const raw_opts_help =
-    "Supported options:\n"
-    "  preallocation=<str>    - Preallocation mode (allowed values: off, falloc, full)\n"
-    "  size=<size>            - Virtual disk size\n";
-
-/* The -o list as given, before its meaning is checked. */
-typedef struct OutOpts {
-    QkCreateOptions o;
-    const char *prealloc, *compat, *compression;
-    bool cluster_size_set;
-} OutOpts;
-
-static int parse_opt_size(const char *name, const char *v, uint64_t *out)
-{
-    if (qk_parse_size(v, out) < 0) {
-        qk_tool_error("Parameter '%s' expects a non-negative number below 2^64", name);
-        fputs("Optional suffix k, M, G, T, P or E means kilo-, mega-, giga-, tera-, peta-\n"
-              "and exabytes, respectively.\n", stderr);
-        return -1;
-    }
-    return 0;
-}
-
-/* One name=value (a bare name means "on"); syntax only, as qemu-img
- * parses the list before it looks at the values' meaning. */
-static int apply_opt(OutOpts *a, bool qcow2, char *kv)
-{
-    char *eq = strchr(kv, '=');
-    const char *v = "on";
-    if (eq) {
-        *eq = '\0';
-        v = eq + 1;
-    }
-    uint64_t n;
-    if (strcmp(kv, "size") == 0) {
-        /* Accepted and ignored: the sources decide the size. */
-        return parse_opt_size(kv, v, &n);
-    } else if (strcmp(kv, "preallocation") == 0) {
-        a->prealloc = v;
-    } else if (qcow2 && strcmp(kv, "cluster_size") == 0) {
-        if (parse_opt_size(kv, v, &n) < 0) {
-            return -1;
-        }
-        a->o.cluster_size = n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
-        a->cluster_size_set = true;
-    } else if (qcow2 && strcmp(kv, "refcount_bits") == 0) {
-        if (qk_parse_uint(v, &n) < 0) {
-            qk_tool_error("Parameter '%s' expects a number", kv);
-            return -1;
-        }
-        a->o.refcount_bits = n > 1024 ? 1024 : (uint32_t)n;
-    } else if (qcow2 && strcmp(kv, "lazy_refcounts") == 0) {
-        return qk_tool_parse_bool(kv, v, &a->o.lazy_refcounts);
-    } else if (qcow2 && strcmp(kv, "extended_l2") == 0) {
-        return qk_tool_parse_bool(kv, v, &a->o.extended_l2);
-    } else if (qcow2 && strcmp(kv, "compat") == 0) {
-        a->compat = v;
-    } else if (qcow2 && strcmp(kv, "compression_type") == 0) {
-        a->compression = v;
-    } else if (qcow2 && strcmp(kv, "backing_file") == 0) {
-        a->o.backing_file = v;
-    } else if (qcow2 && strcmp(kv, "backing_fmt") == 0) {
-        a->o.backing_fmt = v;
-    } else {
-        qk_tool_error("Invalid parameter '%s'", kv);
-        return -1;
-    }
-    return 0;
-}
-
-static int apply_opt_list(OutOpts *a, bool qcow2, char *list)
-{
-    char *save = NULL;
-    for (char *kv = strtok_r(list, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
-        if (apply_opt(a, qcow2, kv) < 0) {
-            return -1;
-        }
-    }
-    return 0;
-}
-
-/* qemu-img refuses a list with no name in it as soon as it sees it. */
-static bool valid_opt_list(const char *list)
-{
-    return list[strspn(list, ",")] != '\0';
-}
-
-static int parse_prealloc(const char *s, bool qcow2, QkPrealloc *p)
-{
-    static const char *const names[] = {"off", "metadata", "falloc", "full"};
-    for (size_t i = 0; i < 4; i++) {
-        if (strcmp(s, names[i]) == 0 && (qcow2 || i != QK_PREALLOC_METADATA)) {
-            *p = (QkPrealloc)i;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-/* The option checks qemu-img makes while creating the image; their
- * messages come with its "error while converting" prefix. */
-static const char *validate(OutOpts *a, bool qcow2, char *why, size_t len)
-{
-    QkCreateOptions *o = &a->o;
-    if (a->prealloc && parse_prealloc(a->prealloc, qcow2, &o->prealloc) < 0) {
-        snprintf(why, len, "Parameter 'preallocation' does not accept value '%s'", a->prealloc);
-        return why;
-    }
-    if (!qcow2) {
-        return NULL;
-    }
-    if (a->compat) {
-        if (strcmp(a->compat, "0.10") == 0 || strcmp(a->compat, "v2") == 0) {
-            o->compat = 2;
-        } else if (strcmp(a->compat, "1.1") == 0 || strcmp(a->compat, "v3") == 0) {
-            o->compat = 3;
-        } else {
-            snprintf(why, len, "Parameter 'version' does not accept value '%s'", a->compat);
-            return why;
-        }
-    }
-    if (strcmp(a->compression, "zlib") == 0) {
-        o->compression_type = 0;
-    } else if (strcmp(a->compression, "zstd") == 0) {
-        o->compression_type = 1;
-    } else {
-        snprintf(why, len, "Parameter 'compression-type' does not accept value '%s'", a->compression);
-        return why;
-    }
-    uint32_t cs = o->cluster_size ? o->cluster_size : 65536;
-    if (a->cluster_size_set && (cs < 512 || cs > (2u << 20) || (cs & (cs - 1)))) {
-        return "Cluster size must be a power of two between 512 and 2048k";
-    }
-    uint32_t rb = o->refcount_bits ? o->refcount_bits : 16;
-    if (rb > 64 || (rb & (rb - 1)) || rb == 0) {
-        return "Refcount width must be a power of two and may not exceed 64 bits";
-    }
-    if (o->compat == 2) {
-        if (o->lazy_refcounts) {
-            return "Lazy refcounts only supported with compatibility level 1.1 and above (use version=v3 or greater)";
-        }
-        if (rb != 16) {
-            return "Different refcount widths than 16 bits require compatibility level 1.1 or above "
-                   "(use version=v3 or greater)";
-        }
-        if (o->compression_type != 0) {
-            return "Non-zlib compression type is only supported with compatibility level 1.1 and above "
-                   "(use version=v3 or greater)";
-        }
-        if (o->extended_l2) {
-            return "Extended L2 entries are only supported with compatibility level 1.1 and above "
-                   "(use version=v3 or greater)";
-        }
-    }
-    if (o->extended_l2 && cs < 16384) {
-        return "Extended L2 entries are only supported with cluster sizes of at least 16384 bytes";
-    }
-    if (o->backing_fmt && !o->backing_file) {
-        return "Backing format cannot be used without backing file";
-    }
-    if (o->backing_file && o->prealloc != QK_PREALLOC_OFF && !o->extended_l2) {
-        return "Backing file and preallocation can only be used at the same time if extended_l2 is on";
-    }
-    return NULL;
-}
-
 typedef struct ConvertCmd {
     QkConvertOptions co;
     QkProgress progress;
@@ -328,7 +149,7 @@ static int run_convert(int argc, char **argv)
             if (nlists == (int)(sizeof(opt_lists) / sizeof(opt_lists[0]))) {
                 return usage_error("too many -o options%s", "");
             }
-            if (!valid_opt_list(optarg)) {
+            if (!qk_tool_opt_list_valid(optarg)) {
                 qk_tool_error("Invalid option list: %s", optarg);
                 return 1;
             }
@@ -391,7 +212,7 @@ static int run_convert(int argc, char **argv)
     bool qcow2 = strcmp(out_fmt, "qcow2") == 0;
     for (int i = 0; i < nlists; i++) {
         if (strcmp(opt_lists[i], "help") == 0 || strcmp(opt_lists[i], "?") == 0) {
-            fputs(qcow2 ? qcow2_opts_help : raw_opts_help, stdout);
+            qk_tool_create_opts_help(qcow2, "");
             return 0;
         }
     }
@@ -442,12 +263,12 @@ static int run_convert(int argc, char **argv)
         qk_tool_error("Unknown file format '%s'", out_fmt);
         goto out;
     }
-    OutOpts a = {.compression = "zlib"};
+    QkToolCreateOpts a = {.compression = "zlib", .lazy = "off"};
     a.o.format = out_fmt;
     for (int i = 0; i < nlists; i++) {
         /* Each list is parsed from a copy; its strings stay referenced. */
         opt_copies[i] = strdup(opt_lists[i]);
-        if (!opt_copies[i] || apply_opt_list(&a, qcow2, opt_copies[i]) < 0) {
+        if (!opt_copies[i] || qk_tool_create_opts_parse(&a, qcow2, opt_copies[i], "") < 0) {
             goto out;
         }
     }
@@ -500,7 +321,7 @@ static int run_convert(int argc, char **argv)
     }
     if (!no_create) {
         char why[1024];
-        const char *msg = validate(&a, qcow2, why, sizeof(why));
+        const char *msg = qk_tool_create_opts_check(&a, qcow2, why, sizeof(why));
         a.o.size = total;
         a.o.size_set = true;
         if (!msg && nbd_out && !qcow2) {

@@ -159,14 +159,14 @@ bool qk_tool_same_file(const char *a, const char *b)
     return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-int qk_tool_parse_bool(const char *name, const char *v, bool *out)
+int qk_tool_parse_bool(const char *prefix, const char *name, const char *v, bool *out)
 {
     if (strcmp(v, "on") == 0 || strcmp(v, "yes") == 0 || strcmp(v, "true") == 0) {
         *out = true;
     } else if (strcmp(v, "off") == 0 || strcmp(v, "no") == 0 || strcmp(v, "false") == 0) {
         *out = false;
     } else {
-        qk_tool_error("Parameter '%s' expects 'on' or 'off'", name);
+        qk_tool_error("%sParameter '%s' expects 'on' or 'off'", prefix, name);
         return -1;
     }
     return 0;
