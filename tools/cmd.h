@@ -71,6 +71,7 @@ typedef struct QkToolCreateOpts {
     const char *compat;        /* NULL when not given */
     const char *compression;
     const char *lazy;
+    const char *data_file_raw; /* as given, NULL when not given */
     bool cluster_size_set;
 } QkToolCreateOpts;
 void qk_tool_create_opts_help(bool qcow2, const char *kind); /* "Supported <kind>options:" */

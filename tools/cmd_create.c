@@ -66,6 +66,12 @@ static void print_formatting(const CreateArgs *a)
     if (a->c.compat) {
         printf(" compat=%s", a->c.compat);
     }
+    if (o->data_file) {
+        printf(" data_file=%s", o->data_file);
+    }
+    if (a->c.data_file_raw) {
+        printf(" data_file_raw=%s", a->c.data_file_raw);
+    }
     printf(" lazy_refcounts=%s refcount_bits=%u\n", a->c.lazy, o->refcount_bits ? o->refcount_bits : 16);
     fflush(stdout);
 }

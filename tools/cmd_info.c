@@ -135,6 +135,10 @@ static json_t *to_json(const char *filename, const QkImageInfo *info, const char
             json_object_set_new(d, "bitmaps", bl);
         }
         json_object_set_new(d, "refcount-bits", json_integer(info->refcount_bits));
+        if (info->data_file) {
+            json_object_set_new(d, "data-file", json_string(info->data_file));
+            json_object_set_new(d, "data-file-raw", json_boolean(info->data_file_raw));
+        }
         if (v3) {
             json_object_set_new(d, "corrupt", json_boolean(info->corrupt));
             json_object_set_new(d, "extended-l2", json_boolean(info->extended_l2));

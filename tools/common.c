@@ -146,6 +146,10 @@ void qk_tool_print_format_specific(const QkImageInfo *info)
         }
     }
     printf("    refcount bits: %u\n", info->refcount_bits);
+    if (info->data_file) {
+        printf("    data file: %s\n", info->data_file);
+        printf("    data file raw: %s\n", info->data_file_raw ? "true" : "false");
+    }
     if (info->qcow2_version >= 3) {
         printf("    corrupt: %s\n", info->corrupt ? "true" : "false");
         printf("    extended l2: %s\n", info->extended_l2 ? "true" : "false");

@@ -34,6 +34,8 @@ void qk_tool_create_opts_help(bool qcow2, const char *kind)
               "  cluster_size=<size>    - qcow2 cluster size\n"
               "  compat=<str>           - Compatibility level (v2 [0.10] or v3 [1.1])\n"
               "  compression_type=<str> - Compression method used for image cluster compression\n"
+              "  data_file=<str>        - File name of an external data file\n"
+              "  data_file_raw=<bool (on/off)> - The external data file must stay valid as a raw image\n"
               "  extended_l2=<bool (on/off)> - Extended L2 tables\n"
               "  lazy_refcounts=<bool (on/off)> - Postpone refcount updates\n"
               "  preallocation=<str>    - Preallocation mode (allowed values: off, metadata, falloc, full)\n"
@@ -94,6 +96,13 @@ static int apply_opt(QkToolCreateOpts *a, bool qcow2, char *kv, const char *pref
         a->o.backing_file = v;
     } else if (qcow2 && strcmp(kv, "backing_fmt") == 0) {
         a->o.backing_fmt = v;
+    } else if (qcow2 && strcmp(kv, "data_file") == 0) {
+        a->o.data_file = v;
+    } else if (qcow2 && strcmp(kv, "data_file_raw") == 0) {
+        if (qk_tool_parse_bool(prefix, kv, v, &a->o.data_file_raw) < 0) {
+            return -1;
+        }
+        a->data_file_raw = v;
     } else {
         qk_tool_error("%sInvalid parameter '%s'", prefix, kv);
         return -1;
@@ -180,6 +189,16 @@ const char *qk_tool_create_opts_check(QkToolCreateOpts *a, bool qcow2, char *why
             return "Extended L2 entries are only supported with compatibility level 1.1 and above "
                    "(use version=v3 or greater)";
         }
+    }
+    if (o->data_file_raw && !o->data_file) {
+        return "data-file-raw requires data-file";
+    }
+    if (o->data_file && o->compat == 2) {
+        return "External data files are only supported with compatibility level 1.1 and above "
+               "(use version=v3 or greater)";
+    }
+    if (o->data_file_raw && o->backing_file) {
+        return "Backing file and data-file-raw cannot be used at the same time";
     }
     if (o->extended_l2 && cs < 16384) {
         return "Extended L2 entries are only supported with cluster sizes of at least 16384 bytes";

@@ -103,6 +103,8 @@ typedef struct QkCreateOptions {
     const char *backing_file;
     const char *backing_fmt;
     int compression_type;        /* 0 zlib, 1 zstd */
+    const char *data_file;       /* qcow2: guest data goes to this new file */
+    bool data_file_raw;          /* ... kept a valid raw image of the disk */
 } QkCreateOptions;
 
 /* A persistent dirty bitmap stored in an image (qcow2), as info shows it. */
@@ -132,6 +134,8 @@ typedef struct QkImageInfo {
     const QkBitmapInfo *bitmaps; /* owned by the node; valid while it is open */
     int nb_bitmaps;
     bool bitmaps_stale;          /* bitmaps stored, but their autoclear bit is clear */
+    const char *data_file;       /* external data file as the image names it, or NULL */
+    bool data_file_raw;
 } QkImageInfo;
 
 /* What amend changes (qemu-img amend -o); unset fields stay as they are. */

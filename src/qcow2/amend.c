@@ -191,6 +191,9 @@ int coroutine_fn qcow2_co_amend(QkBlock *bs, const QkAmendOptions *o, QkError *e
     }
     uint32_t version = o->compat ? (uint32_t)o->compat : s->h.version;
     uint32_t bits = o->refcount_bits ? o->refcount_bits : s->refcount_bits;
+    if (version < 3 && qcow2_has_data_file(s)) {
+        return qk_error_set(err, -ENOTSUP, "Cannot downgrade an image with a data file");
+    }
     if (version < 3 && o->lazy_refcounts == 1) {
         return qk_error_set(err, -EINVAL, "Lazy refcounts only supported with compatibility level 1.1 "
                             "and above (use compat=1.1 or greater)");

@@ -171,6 +171,9 @@ static int coroutine_fn flush_dependency(Qcow2Cache *c)
     c->barrier = false;
     int r = c->depends ? qcow2_cache_flush(c->depends) : 0;
     if (r == 0) {
+        r = qcow2_data_file_flush(c->s); /* data a barrier waits for */
+    }
+    if (r == 0) {
         r = qk_co_flush(c->s->bs->file);
     }
     if (r < 0) {

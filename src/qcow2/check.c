@@ -139,14 +139,16 @@ static int coroutine_fn check_l2(Check *k, uint64_t l2off, bool active)
         }
         if (s->extended_l2) {
             uint32_t alloc = (uint32_t)bm, zero = (uint32_t)(bm >> 32);
-            if ((alloc & zero) || (alloc && !off)) {
+            bool mapped = off || (qcow2_has_data_file(s) && (e & QCOW2_OFLAG_COPIED));
+            if ((alloc & zero) || (alloc && !mapped)) {
                 ck_say(k, "ERROR invalid subcluster allocation bitmap 0x%llx in L2 entry 0x%llx",
                     (unsigned long long)bm, (unsigned long long)e);
                 k->res->corruptions++;
             }
         }
-        if (!off) {
-            continue;
+        bool data_file = qcow2_has_data_file(s);
+        if (!off && !(data_file && (e & QCOW2_OFLAG_COPIED))) {
+            continue; /* offset 0 is guest cluster 0's place in a data file */
         }
         if (!qk_is_aligned(off, s->cluster_size)) {
             /* Counted as a reference all the same (to the clusters the
@@ -162,7 +164,9 @@ static int coroutine_fn check_l2(Check *k, uint64_t l2off, bool active)
             }
             next_contig = off + s->cluster_size;
         }
-        add_ref(k, off, s->cluster_size, CK_DATA);
+        if (!data_file) {
+            add_ref(k, off, s->cluster_size, CK_DATA); /* a data file's clusters are not counted */
+        }
     }
     qcow2_cache_put(s->l2_cache, &t);
     return 0;
@@ -179,8 +183,9 @@ static int coroutine_fn check_l1(Check *k, const uint64_t *l1, uint64_t l1_off, 
             k->res->corruptions++;
         }
         uint64_t off = e & QCOW2_L1E_OFFSET_MASK;
-        if (!off) {
-            continue;
+        bool data_file = qcow2_has_data_file(s);
+        if (!off && !(data_file && (e & QCOW2_OFLAG_COPIED))) {
+            continue; /* offset 0 is guest cluster 0's place in a data file */
         }
         if (!qk_is_aligned(off, s->cluster_size)) {
             ck_say(k, "ERROR l2_offset=%llx: Table is not cluster aligned; L1 entry corrupted",
@@ -429,8 +434,8 @@ static int coroutine_fn check_copied(Check *k)
             uint64_t bm;
             uint64_t e = qcow2_l2_get(s, t, j, &bm);
             uint64_t d = e & QCOW2_L2E_OFFSET_MASK;
-            if ((e & QCOW2_OFLAG_COMPRESSED) || !d) {
-                continue;
+            if ((e & QCOW2_OFLAG_COMPRESSED) || !d || qcow2_has_data_file(s)) {
+                continue; /* data-file clusters have no refcount to agree with */
             }
             rc = stored_rc(k, d >> s->cluster_bits);
             if ((rc == 1) != !!(e & QCOW2_OFLAG_COPIED)) {

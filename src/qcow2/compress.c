@@ -327,6 +327,9 @@ int coroutine_fn qcow2_co_pwritev_compressed(QkBlock *bs, uint64_t off, uint64_t
 {
     Qcow2State *s = qcow2_state(bs);
     const uint64_t cs = s->cluster_size;
+    if (qcow2_has_data_file(s)) {
+        return -ENOTSUP; /* a data file holds clusters only at their guest offsets */
+    }
     /* Whole clusters only; the last may be cut short by the image's end. */
     if ((off & (cs - 1)) || ((bytes & (cs - 1)) && off + bytes != bs->size)) {
         return -EINVAL;

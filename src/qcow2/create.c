@@ -36,6 +36,16 @@ int coroutine_fn qcow2_preallocate(Qcow2State *s, uint64_t from, uint64_t to, Qk
             while (c + n < table_end && !qcow2_l2_get(s, t, i + n, &bm)) {
                 n++;
             }
+            if (qcow2_has_data_file(s)) {
+                /* Mapped in place; the data file's own preallocation was
+                 * done when it was made. */
+                for (uint64_t k = 0; k < n; k++) {
+                    qcow2_l2_set(s, t, i + k, ((c + k) << s->cluster_bits) | QCOW2_OFLAG_COPIED, 0);
+                }
+                qcow2_cache_mark_dirty(s->l2_cache, t);
+                c += n;
+                continue;
+            }
             int64_t host = qcow2_alloc_clusters(s, n);
             if (host < 0) {
                 r = (int)host;
@@ -100,6 +110,19 @@ static int validate(const QkCreateOptions *o, int version, uint32_t cs, uint32_t
     }
     if (o->backing_file && !o->backing_fmt) {
         return qk_error_set(err, -EINVAL, "Backing file specified without backing format");
+    }
+    if (o->data_file_raw && !o->data_file) {
+        return qk_error_set(err, -EINVAL, "data-file-raw requires data-file");
+    }
+    if (o->data_file && version == 2) {
+        return qk_error_set(err, -EINVAL, "External data files are only supported with compatibility level 1.1 "
+                            "and above (use version=v3 or greater)");
+    }
+    if (o->data_file_raw && o->backing_file) {
+        return qk_error_set(err, -EINVAL, "Backing file and data-file-raw cannot be used at the same time");
+    }
+    if (o->data_file && (!*o->data_file || strlen(o->data_file) > 4095)) {
+        return qk_error_set(err, -EINVAL, "invalid data file name");
     }
     return 0;
 }
@@ -166,14 +189,16 @@ int coroutine_fn qcow2_co_create(const char *filename, const QkCreateOptions *o,
         .refcount_order = (uint32_t)__builtin_ctz(rb),
         .compatible_features = o->lazy_refcounts ? QCOW2_COMPAT_LAZY_REFCOUNTS : 0,
         .incompatible_features = (o->extended_l2 ? QCOW2_INCOMPAT_EXTL2 : 0) |
-                                 (o->compression_type ? QCOW2_INCOMPAT_COMPRESSION : 0),
+                                 (o->compression_type ? QCOW2_INCOMPAT_COMPRESSION : 0) |
+                                 (o->data_file ? QCOW2_INCOMPAT_DATA_FILE : 0),
+        .autoclear_features = o->data_file_raw ? QCOW2_AUTOCLEAR_DATA_FILE_RAW : 0,
         .compression_type = (uint8_t)o->compression_type,
     };
     uint8_t *buf = qk_aligned_zalloc(4096, (size_t)cs * 3);
     if (!buf) {
         return qk_error_set(err, -ENOMEM, "out of memory");
     }
-    r = qcow2_build_header(&h, o->backing_file, o->backing_fmt, buf, cs, err);
+    r = qcow2_build_header(&h, o->backing_file, o->backing_fmt, o->data_file, buf, cs, err);
     if (r < 0) {
         free(buf);
         return r;
@@ -185,6 +210,17 @@ int coroutine_fn qcow2_co_create(const char *filename, const QkCreateOptions *o,
         qcow2_rb_set(&tmp, buf + 2 * cs, (uint64_t)i, 1);
     }
     QkCreateOptions fo = {.size = 0};
+    if (o->data_file) {
+        /* The guest's bytes, as a new raw file of the disk's size (named
+         * as given, as qemu-img does; the image finds it relative to
+         * itself). Preallocation of data happens here. */
+        QkCreateOptions dfo = {.size = size, .prealloc = o->prealloc == QK_PREALLOC_METADATA ? QK_PREALLOC_OFF : o->prealloc};
+        r = qk_drv_file.co_create(o->data_file, &dfo, err);
+        if (r < 0) {
+            free(buf);
+            return r;
+        }
+    }
     r = qk_drv_file.co_create(filename, &fo, err);
     if (r < 0) {
         free(buf);
@@ -211,7 +247,14 @@ int coroutine_fn qcow2_co_create(const char *filename, const QkCreateOptions *o,
     if (!bs) {
         return err->code ? err->code : -EIO;
     }
-    r = qk_co_truncate(bs, size, o->prealloc, err);
+    QkPrealloc meta = o->prealloc;
+    if (o->data_file && meta != QK_PREALLOC_OFF) {
+        meta = QK_PREALLOC_METADATA; /* the data file got its own above */
+    }
+    if (o->data_file_raw && meta == QK_PREALLOC_OFF) {
+        meta = QK_PREALLOC_METADATA; /* a raw data file is mapped whole, as qemu-img does */
+    }
+    r = qk_co_truncate(bs, size, meta, err);
     cr = qk_co_block_close(bs);
     if (r == 0 && cr < 0) {
         r = qk_error_set_errno(err, cr, "Could not write the new image");

@@ -204,9 +204,6 @@ int qcow2_validate_header(Qcow2State *s, uint64_t file_len, bool rdwr, QkError *
         feature_list(s, 0, unknown, names, sizeof(names));
         return qk_error_set(err, -ENOTSUP, "Unsupported qcow2 feature(s): %s", names);
     }
-    if (h->incompatible_features & QCOW2_INCOMPAT_DATA_FILE) {
-        return qk_error_set(err, -ENOTSUP, "Unsupported qcow2 feature(s): external data file");
-    }
     if ((h->incompatible_features & QCOW2_INCOMPAT_CORRUPT) && rdwr) {
         return qk_error_set(err, -EACCES, "qcow2: Image is corrupt; cannot be opened read/write");
     }
@@ -413,7 +410,7 @@ static int put_feature_table(uint8_t *buf, size_t buflen, size_t *pos)
 }
 
 int qcow2_build_header(const Qcow2Header *hin, const char *backing, const char *backing_fmt,
-                       uint8_t *buf, size_t buflen, QkError *err)
+                       const char *data_file, uint8_t *buf, size_t buflen, QkError *err)
 {
     Qcow2Header h = *hin;
     memset(buf, 0, buflen);
@@ -423,12 +420,15 @@ int qcow2_build_header(const Qcow2Header *hin, const char *backing, const char *
     if (backing_fmt) {
         bad |= put_ext(buf, buflen, &pos, QCOW2_EXT_BACKING_FORMAT, backing_fmt, (uint32_t)strlen(backing_fmt));
     }
+    if (data_file) {
+        bad |= put_ext(buf, buflen, &pos, QCOW2_EXT_DATA_FILE, data_file, (uint32_t)strlen(data_file));
+    }
     /* Like qemu-img, leave small header clusters room for a long backing
      * file name instead of the (optional) feature name table. */
     if (h.version >= 3 && buflen > 4096) {
         bad |= put_feature_table(buf, buflen, &pos);
     }
-    if (backing_fmt || h.version >= 3) {
+    if (backing_fmt || data_file || h.version >= 3) {
         bad |= put_ext(buf, buflen, &pos, QCOW2_EXT_END, NULL, 0);
     }
     if (bad) {

@@ -51,17 +51,20 @@ static int classify(const Qcow2State *s, uint64_t e, uint64_t bitmap, unsigned s
     if (off & (s->cluster_size - 1)) {
         return -QK_ECORRUPT;
     }
+    /* Offset 0 is a real place in a data file (guest cluster 0); there
+     * COPIED, which every data-file cluster has, tells it is mapped. */
+    bool mapped = off || (qcow2_has_data_file(s) && (e & QCOW2_OFLAG_COPIED));
     if (!s->extended_l2) {
         if (e & QCOW2_OFLAG_ZERO) {
             *type = off ? QCOW2_ZERO_ALLOC : QCOW2_ZERO_PLAIN;
         } else {
-            *type = off ? QCOW2_NORMAL : QCOW2_UNALLOC;
+            *type = mapped ? QCOW2_NORMAL : QCOW2_UNALLOC;
         }
         *host = off;
         return 0;
     }
     bool alloc = (bitmap >> sc) & 1, zero = (bitmap >> (32 + sc)) & 1;
-    if ((alloc && zero) || (alloc && !off)) {
+    if ((alloc && zero) || (alloc && !mapped)) {
         return -QK_ECORRUPT;
     }
     if (zero) {
@@ -112,6 +115,11 @@ int coroutine_fn qcow2_get_extent(Qcow2State *s, uint64_t off, uint64_t max_byte
         Qcow2Type type;
         uint64_t host;
         r = classify(s, e, bm, sc, &type, &host);
+        if (r == 0 && qcow2_has_data_file(s) &&
+            (type == QCOW2_COMPRESSED || ((e & QCOW2_L2E_OFFSET_MASK) && (e & QCOW2_L2E_OFFSET_MASK) != c << s->cluster_bits))) {
+            /* A data file holds no compressed clusters, and each at its guest offset. */
+            r = -QK_ECORRUPT;
+        }
         if (r < 0) {
             break;
         }
@@ -120,10 +128,11 @@ int coroutine_fn qcow2_get_extent(Qcow2State *s, uint64_t off, uint64_t max_byte
         if (type == QCOW2_COMPRESSED) {
             n = QK_MIN(s->cluster_size - (pos & (s->cluster_size - 1)), limit - done);
         }
-        bool copied = (e & QCOW2_OFLAG_COPIED) != 0;
+        /* Data-file clusters are never shared: written in place. */
+        bool copied = (e & QCOW2_OFLAG_COPIED) != 0 || qcow2_has_data_file(s);
         if (done == 0) {
             ext->type = type;
-            ext->host = host ? host + in_unit : 0;
+            ext->host = host || type == QCOW2_NORMAL ? host + in_unit : 0;
             ext->l2e = e;
             ext->copied = copied;
         } else {

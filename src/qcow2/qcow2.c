@@ -56,8 +56,9 @@ static void free_state(Qcow2State *s)
     qcow2_write_free(s);
     s->l1 = s->rt = NULL;
     s->zero_buf = NULL;
-    qcow2_free_extensions(s);
     qcow2_bitmaps_free_list(s);
+    qcow2_data_file_close(s);
+    qcow2_free_extensions(s);
 }
 
 int coroutine_fn qcow2_flush_caches(Qcow2State *s)
@@ -121,6 +122,9 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
     r = qcow2_parse_extensions(s, c0, &bfmt, err);
     if (r == 0) {
         r = qcow2_validate_header(s, flen, !bs->read_only, err);
+    }
+    if (r == 0) {
+        r = qcow2_data_file_open(s, opts, err);
     }
     if (r < 0) {
         goto fail;
@@ -207,9 +211,10 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
         /* check -r writes no guest data, so the bitmaps stay valid: it
          * keeps the autoclear bits, counts the bitmaps' clusters as in use
          * and leaves them alone. */
-        if (s->h.autoclear_features && !(opts->flags & QK_OPEN_CHECK)) {
-            /* We maintain none of the autoclear features: say so. */
-            s->h.autoclear_features = 0;
+        uint64_t keep = s->data_raw ? QCOW2_AUTOCLEAR_DATA_FILE_RAW : 0;
+        if ((s->h.autoclear_features & ~keep) && !(opts->flags & QK_OPEN_CHECK)) {
+            /* We maintain none of the others (yet): say so. */
+            s->h.autoclear_features &= keep;
             qcow2_bitmaps_free_list(s);
             r = qcow2_write_header_field(s, QCOW2_HOFF_AUTOCLEAR, 8);
             if (r < 0) {
@@ -243,7 +248,10 @@ static int coroutine_fn qcow2_close(QkBlock *bs)
     int r = 0;
     if (!s->read_only) {
         qk_co_mutex_lock(&s->lock);
-        r = qcow2_flush_caches(s);
+        r = qcow2_data_file_flush(s);
+        if (r == 0) {
+            r = qcow2_flush_caches(s);
+        }
         if (r == 0) {
             r = qcow2_fix_stale_copied(s);
         }
@@ -265,15 +273,20 @@ static int coroutine_fn qcow2_close(QkBlock *bs)
         }
         qk_co_mutex_unlock(&s->lock);
     }
+    int dr = qcow2_data_file_close(s);
     free_state(s);
-    return r;
+    return r < 0 ? r : dr;
 }
 
 static int coroutine_fn qcow2_co_flush(QkBlock *bs)
 {
     Qcow2State *s = qcow2_state(bs);
     qk_co_mutex_lock(&s->lock);
-    int r = qcow2_flush_caches(s);
+    /* Data first: the tables about to go out may point at it. */
+    int r = qcow2_data_file_flush(s);
+    if (r == 0) {
+        r = qcow2_flush_caches(s);
+    }
     qk_co_mutex_unlock(&s->lock);
     return r;
 }
@@ -320,7 +333,7 @@ static int coroutine_fn qcow2_block_status(QkBlock *bs, uint64_t off, uint64_t b
     *pnum = n;
     if (flags & QK_BS_OFFSET_VALID) {
         *map = first.host;
-        *file = bs->file;
+        *file = s->data;
     }
     return flags;
 }
@@ -340,6 +353,8 @@ static void qcow2_get_info(QkBlock *bs, QkImageInfo *info)
     info->bitmaps = s->bitmaps;
     info->nb_bitmaps = s->nb_bitmaps;
     info->bitmaps_stale = s->bitmaps_stale;
+    info->data_file = s->data_file_name;
+    info->data_file_raw = s->data_raw;
 }
 
 const QkBlockDriver qk_drv_qcow2 = {

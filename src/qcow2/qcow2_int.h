@@ -158,6 +158,12 @@ struct Qcow2State {
     QkBlock *bs;
     Qcow2Header h;
     bool read_only;
+    /* Where guest data lives: bs->file, or the external data file
+     * (data_file.c), whose clusters sit at their guest offsets and are not
+     * counted in the refcounts. */
+    QkBlock *data;
+    char *data_file_name;       /* as the header extension names it */
+    bool data_raw;              /* the data file is kept a valid raw image */
 
     uint32_t cluster_bits;
     uint64_t cluster_size;
@@ -225,6 +231,14 @@ static inline Qcow2State *qcow2_state(QkBlock *bs) { return bs->opaque; }
 static inline uint64_t qcow2_offset_into_cluster(const Qcow2State *s, uint64_t off) { return off & (s->cluster_size - 1); }
 static inline uint64_t qcow2_cluster_index(const Qcow2State *s, uint64_t off) { return off >> s->cluster_bits; }
 static inline bool qcow2_is_v3(const Qcow2State *s) { return s->h.version >= 3; }
+static inline bool qcow2_has_data_file(const Qcow2State *s) { return s->data && s->data != s->bs->file; }
+
+/* data_file.c: opens the external data file the header names (relative
+ * to the image) with the image's own flags; flushes it (before the
+ * metadata that points into it); closes it. */
+int coroutine_fn qcow2_data_file_open(Qcow2State *s, const QkOpenOptions *opts, QkError *err);
+int coroutine_fn qcow2_data_file_flush(Qcow2State *s);
+int coroutine_fn qcow2_data_file_close(Qcow2State *s);
 
 /* header.c */
 int qcow2_read_header(QkBlock *file, Qcow2Header *h, uint8_t **cluster0, uint64_t *file_len, QkError *err);
@@ -249,7 +263,7 @@ int coroutine_fn qcow2_co_rewrite_header(QkBlock *bs, const Qcow2Header *nh, QkE
 /* amend.c */
 int coroutine_fn qcow2_co_amend(QkBlock *bs, const QkAmendOptions *o, QkError *err);
 /* Serialises a fresh header cluster for create. */
-int qcow2_build_header(const Qcow2Header *h, const char *backing, const char *backing_fmt,
+int qcow2_build_header(const Qcow2Header *h, const char *backing, const char *backing_fmt, const char *data_file,
                        uint8_t *buf, size_t buflen, QkError *err);
 void qcow2_header_to_be(const Qcow2Header *h, uint8_t *buf);
 

@@ -145,7 +145,7 @@ int coroutine_fn qcow2_read_unlocked(Qcow2State *s, uint64_t off, uint64_t bytes
             qk_iov_memset(qiov, qoff, 0, n);
             break;
         case QCOW2_NORMAL:
-            r = qk_co_preadv(s->bs->file, ext.host, n, qiov, qoff, flags & QK_REQ_BULK_READ);
+            r = qk_co_preadv(s->data, ext.host, n, qiov, qoff, flags & QK_REQ_BULK_READ);
             break;
         case QCOW2_COMPRESSED:
             r = read_compressed(s, ext.l2e, off & (s->cluster_size - 1), n, qiov, qoff);

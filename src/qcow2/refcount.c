@@ -627,8 +627,8 @@ int coroutine_fn qcow2_free_l2_entry(Qcow2State *s, uint64_t l2e)
         return qcow2_free_clusters(s, host, len);
     }
     uint64_t off = l2e & QCOW2_L2E_OFFSET_MASK;
-    if (!off) {
-        return 0;
+    if (!off || qcow2_has_data_file(s)) {
+        return 0; /* data-file clusters are not counted */
     }
     return qcow2_update_refcount(s, off, s->cluster_size, -1);
 }

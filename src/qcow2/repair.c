@@ -187,8 +187,8 @@ static int coroutine_fn fix_copied(Check *k)
             uint64_t bm;
             uint64_t e = qcow2_l2_get(s, t, j, &bm);
             uint64_t d = e & QCOW2_L2E_OFFSET_MASK;
-            if ((e & QCOW2_OFLAG_COMPRESSED) || !d) {
-                continue;
+            if ((e & QCOW2_OFLAG_COMPRESSED) || !d || qcow2_has_data_file(s)) {
+                continue; /* data-file clusters have no refcount */
             }
             if (!ck_stored_rc(k, d >> s->cluster_bits, &rc)) {
                 continue;

@@ -187,7 +187,8 @@ int coroutine_fn qcow2_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc preall
     if (s->h.nb_snapshots && !qcow2_is_v3(s)) {
         return qk_error_set(err, -ENOTSUP, "Can't resize a v2 image which has snapshots");
     }
-    if (s->h.incompatible_features & QCOW2_INCOMPAT_DATA_FILE) {
+    if (qcow2_has_data_file(s) && old != 0) {
+        /* Only create's first growth (the data file was made at its size). */
         return qk_error_set(err, -ENOTSUP, "Resizing images with an external data file is not supported");
     }
     if (size < old) {

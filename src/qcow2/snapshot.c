@@ -406,6 +406,10 @@ out:
 int coroutine_fn qcow2_co_snapshot_create(QkBlock *bs, const QkSnapshotInfo *info, QkError *err)
 {
     Qcow2State *s = qcow2_state(bs);
+    if (qcow2_has_data_file(s)) {
+        /* Its clusters are not counted, so nothing could share them. */
+        return qk_error_set(err, -ENOTSUP, "internal snapshots are not supported with an external data file");
+    }
     int r = check_writable(s, err);
     if (r < 0) {
         return r;

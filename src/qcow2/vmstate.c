@@ -31,6 +31,9 @@ int coroutine_fn qcow2_co_save_vmstate(QkBlock *bs, QkIov *qiov, uint64_t pos)
     if (s->read_only) {
         return -EACCES;
     }
+    if (qcow2_has_data_file(s)) {
+        return -ENOTSUP; /* no internal snapshots to keep it for */
+    }
     int r = vm_range(s, pos, bytes, &off, &end);
     if (r < 0 || bytes == 0) {
         return r;

@@ -43,8 +43,13 @@ typedef struct AllocPlan {
     bool head_write, tail_write; /* the area must be written to the host */
 } AllocPlan;
 
-static bool needs_new_host(uint64_t e)
+static bool needs_new_host(const Qcow2State *s, uint64_t e)
 {
+    if (qcow2_has_data_file(s)) {
+        /* Data clusters sit at their guest offsets and are never shared;
+         * guest cluster 0 is mapped at offset 0 with COPIED set. */
+        return !(e & (QCOW2_L2E_OFFSET_MASK | QCOW2_OFLAG_COPIED));
+    }
     return !(e & QCOW2_L2E_OFFSET_MASK) || (e & QCOW2_OFLAG_COMPRESSED) || !(e & QCOW2_OFLAG_COPIED);
 }
 
@@ -121,7 +126,7 @@ static int coroutine_fn plan_alloc(Qcow2State *s, uint64_t off, uint64_t bytes, 
     uint64_t bm = 0;
     uint64_t e0 = t ? qcow2_l2_get(s, t, p->i0, &bm) : 0;
     p->n = 1;
-    if (needs_new_host(e0)) {
+    if (needs_new_host(s, e0)) {
         p->fresh = true;
         p->replace = (e0 & QCOW2_L2E_OFFSET_MASK) || (e0 & QCOW2_OFLAG_COMPRESSED);
         while (!p->replace && p->c0 + p->n <= clast) {
@@ -336,7 +341,14 @@ static int coroutine_fn alloc_write(Qcow2State *s, uint64_t off, uint64_t bytes,
             qcow2_cache_put(s->l2_cache, &t);
         }
     }
-    if (r == 0 && p.fresh) {
+    if (r == 0 && p.fresh && qcow2_has_data_file(s)) {
+        /* The data file's cluster at the guest offset: nothing to count,
+         * and it may hold old bytes, so the copies are all written. */
+        p.host = p.c0 * cs;
+        for (uint64_t k = 0; k < p.n; k++) {
+            qcow2_clean_forget(s, p.host + k * cs);
+        }
+    } else if (r == 0 && p.fresh) {
         uint64_t before = qk_align_up(s->host_end, cs);
         /* A long write fills its new clusters itself (see qcow2_alloc_clusters_bulk). */
         bool bulk = p.wend - off >= QCOW2_BULK_WRITE;
@@ -426,7 +438,7 @@ static int coroutine_fn alloc_write(Qcow2State *s, uint64_t off, uint64_t bytes,
             }
         }
         qk_block_debug_event(QK_DBG_WRITE_AIO);
-        r = qk_co_pwritev(s->bs->file, p.host + (fs - start), fe - fs, need_q ? &q : qiov,
+        r = qk_co_pwritev(s->data, p.host + (fs - start), fe - fs, need_q ? &q : qiov,
                           need_q ? 0 : qoff, 0);
     }
     if (need_q && q.iov != stack_iov) {
@@ -446,7 +458,7 @@ static int coroutine_fn alloc_write(Qcow2State *s, uint64_t off, uint64_t bytes,
         for (uint64_t k = 0; k < p.n; k++) {
             qcow2_clean_mark(s, p.host + k * cs, sc_mask(s, p.c0 + k, fs, fe));
         }
-        if (p.fresh) {
+        if (p.fresh && !qcow2_has_data_file(s)) {
             for (uint64_t k = 0; k < p.n; k++) {
                 qcow2_clean_forget(s, p.host + k * cs);
             }
@@ -471,7 +483,7 @@ static int coroutine_fn write_chunk(Qcow2State *s, uint64_t off, uint64_t bytes,
     if (r == 0 && ext.type == QCOW2_NORMAL && ext.copied) {
         req.end = off + ext.bytes;
         qk_block_debug_event(QK_DBG_WRITE_AIO);
-        r = qk_co_pwritev(s->bs->file, ext.host, ext.bytes, qiov, qoff, 0);
+        r = qk_co_pwritev(s->data, ext.host, ext.bytes, qiov, qoff, 0);
         qcow2_req_end(s, &req);
         *done = ext.bytes;
         return r;
@@ -498,7 +510,10 @@ int coroutine_fn qcow2_co_pwritev(QkBlock *bs, uint64_t off, uint64_t bytes, QkI
     }
     if (flags & QK_REQ_FUA) {
         qk_co_mutex_lock(&s->lock);
-        int r = qcow2_flush_caches(s);
+        int r = qcow2_data_file_flush(s);
+        if (r == 0) {
+            r = qcow2_flush_caches(s);
+        }
         qk_co_mutex_unlock(&s->lock);
         return r < 0 ? r : qk_co_flush(bs->file);
     }

@@ -28,6 +28,14 @@ static int coroutine_fn free_entry(Qcow2State *s, uint64_t l2e, int mode)
 {
     int r = qcow2_free_l2_entry(s, l2e);
     uint64_t host = l2e & QCOW2_L2E_OFFSET_MASK;
+    if (qcow2_has_data_file(s)) {
+        /* Not counted, and only this entry names it (a raw data file
+         * was zeroed there already). */
+        if (r == 0 && host && mode != MODE_ZERO) {
+            qk_co_pdiscard(s->data, host, s->cluster_size);
+        }
+        return r;
+    }
     if (r == 0 && host && !(l2e & QCOW2_OFLAG_COMPRESSED) && mode != MODE_ZERO) {
         uint64_t rc;
         r = qcow2_get_refcount(s, host >> s->cluster_bits, &rc);
@@ -283,6 +291,13 @@ int coroutine_fn qcow2_co_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t byte
     if (!qcow2_is_v3(s)) {
         return -ENOTSUP;
     }
+    if (s->data_raw) {
+        /* A raw data file must read as the disk: it gets the zeros too. */
+        int r = qk_co_pwrite_zeroes(s->data, off, bytes, 0);
+        if (r < 0) {
+            return r;
+        }
+    }
     uint64_t unit = s->sc_size;
     uint64_t end = off + bytes;
     /* The last unit may stick out past the virtual size: zero it whole. */
@@ -316,6 +331,13 @@ int coroutine_fn qcow2_co_pdiscard(QkBlock *bs, uint64_t off, uint64_t bytes)
     uint64_t start_al = qk_align_up(off, unit);
     if (start_al >= end_al) {
         return 0; /* discard is advisory */
+    }
+    if (s->data_raw) {
+        /* What the L2 tables now read as zeros, the raw data file must too. */
+        int r = qk_co_pwrite_zeroes(s->data, start_al, end_al - start_al, 0);
+        if (r < 0) {
+            return r;
+        }
     }
     return modify_range(s, start_al, end_al, MODE_DISCARD);
 }

@@ -1,0 +1,82 @@
+/*
+ * External data files (incompatible feature bit 2): guest clusters live
+ * in a separate file at their guest offsets, and the qcow2 file holds
+ * only metadata. Owns finding, opening, flushing and closing that file;
+ * the I/O paths reach it through s->data.
+ *
+ * With the raw bit (autoclear bit 1) the data file is also a complete raw
+ * image of the disk: every cluster is mapped at creation, and zero writes
+ * and discards zero the data file as well as the L2 entries (zero.c), so
+ * it stays readable on its own.
+ */
+#include "qcow2/qcow2_int.h"
+#include "block/block.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int coroutine_fn qcow2_data_file_open(Qcow2State *s, const QkOpenOptions *opts, QkError *err)
+{
+    s->data = s->bs->file;
+    if (!(s->h.incompatible_features & QCOW2_INCOMPAT_DATA_FILE)) {
+        if (s->h.autoclear_features & QCOW2_AUTOCLEAR_DATA_FILE_RAW) {
+            /* Meaningless without a data file; a writer clears it. */
+            s->data_raw = false;
+        }
+        return 0;
+    }
+    const Qcow2Ext *name = NULL;
+    for (const Qcow2Ext *e = s->exts; e; e = e->next) {
+        if (e->type == QCOW2_EXT_DATA_FILE) {
+            name = e;
+        }
+    }
+    if (!name || name->len == 0) {
+        return qk_error_set(err, -EINVAL, "'data-file' is required for this image");
+    }
+    if (name->len > 4095 || memchr(name->data, '\0', name->len)) {
+        return qk_error_corrupt(err, "external data file name is malformed");
+    }
+    s->data_file_name = strndup((const char *)name->data, name->len);
+    if (!s->data_file_name) {
+        return qk_error_set(err, -ENOMEM, "out of memory");
+    }
+    if (s->h.nb_snapshots) {
+        /* The spec forbids them: a snapshot's clusters could not be kept apart. */
+        return qk_error_corrupt(err, "an image with an external data file cannot have internal snapshots");
+    }
+    s->data_raw = (s->h.autoclear_features & QCOW2_AUTOCLEAR_DATA_FILE_RAW) != 0;
+    char *path = qk_block_backing_path(s->bs->filename, s->data_file_name);
+    if (!path) {
+        return qk_error_set(err, -ENOMEM, "out of memory");
+    }
+    int flags = opts->flags & (QK_OPEN_RDWR | QK_OPEN_NOCACHE | QK_OPEN_WRITETHROUGH | QK_OPEN_NO_FLUSH |
+                               QK_OPEN_FORCE_SHARE);
+    if (s->bs->read_only) {
+        flags &= ~QK_OPEN_RDWR;
+    }
+    QkBlock *d = qk_co_file_open(path, flags, err);
+    free(path);
+    if (!d) {
+        return err->code ? err->code : -EIO;
+    }
+    s->data = d;
+    return 0;
+}
+
+int coroutine_fn qcow2_data_file_flush(Qcow2State *s)
+{
+    return qcow2_has_data_file(s) ? qk_co_flush(s->data) : 0;
+}
+
+int coroutine_fn qcow2_data_file_close(Qcow2State *s)
+{
+    int r = 0;
+    if (s->data && qcow2_has_data_file(s)) {
+        r = qk_co_block_close(s->data);
+    }
+    s->data = NULL;
+    free(s->data_file_name);
+    s->data_file_name = NULL;
+    return r;
+}

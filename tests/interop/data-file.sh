@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# External data files (qcow2 incompatible bit 2, raw bit in autoclear bit 1)
+# against qemu-img and qemu-io:
+#  - create with data_file/data_file_raw (and preallocation, extended L2,
+#    small clusters, a backing file, the refusals): same output, exit
+#    status, data file size, info, map and check as qemu-img create;
+#  - images qemu-io wrote read back the same through qcowkit, and info
+#    (human and JSON) is qemu-img's byte for byte;
+#  - the same writes, zero writes and discards through qcowkit io and
+#    qemu-io on twin images end up identical (qemu-img compare), check
+#    clean, and a raw data file stays equal to the disk on its own;
+#  - what a data file cannot hold is refused and leaves the image clean
+#    (internal snapshots, compressed writes, a v2 downgrade, resize);
+#  - a missing data file, and an L2 entry that is not at its guest offset,
+#    are errors, not crashes.
+# Exit 0 pass, 1 fail.
+. "$SRC_DIR/tests/interop/snapshot-lib.bash"
+
+status() { "$@" >out.txt 2>&1; echo "rc=$?" >>out.txt; sed -e 's/^qemu-img:/TOOL:/' -e 's/^qcowkit:/TOOL:/' out.txt; }
+ckclean() { qemu-img check "$1" >ck.txt 2>&1 || { bad "$2: qemu-img check"; cat ck.txt; }; }
+
+# --- create ---
+qemu-img create -q -f qcow2 b.qcow2 3M
+for o in "data_file=X.raw" "data_file=X.raw,data_file_raw=on" \
+         "data_file=X.raw,data_file_raw=off,preallocation=metadata" "data_file=X.raw,preallocation=full" \
+         "data_file=X.raw,preallocation=falloc" "data_file=X.raw,extended_l2=on,data_file_raw=on" \
+         "data_file=X.raw,cluster_size=4k,data_file_raw=on" "data_file_raw=on" "compat=0.10,data_file=X.raw" \
+         "data_file=X.raw,data_file_raw=on,backing_file=b.qcow2,backing_fmt=qcow2" \
+         "data_file=X.raw,backing_file=b.qcow2,backing_fmt=qcow2" "data_file=X.raw,data_file_raw=maybe"; do
+  res=()
+  for tool in "$QK" qemu-img; do
+    rm -f X.raw q.qcow2
+    out=$(status "$tool" create -f qcow2 -o "$o" q.qcow2 3M)
+    size=$(stat -c %s X.raw 2>/dev/null)
+    if [ -f q.qcow2 ]; then
+      meta=$(qemu-img info --output=json q.qcow2 | grep -v '"actual-size"'; qemu-img map --output=json q.qcow2; qemu-img check q.qcow2 2>&1)
+    else
+      meta=none
+    fi
+    res+=("$out|$size|$meta")
+  done
+  if [ "${res[0]}" != "${res[1]}" ]; then
+    bad "create -o $o differs from qemu-img"
+    diff <(echo "${res[0]}") <(echo "${res[1]}")
+  fi
+done
+"$QK" create -f qcow2 -o help | grep -q '^  data_file=<str>' || bad "create -o help does not list data_file"
+
+# --- images written by qemu-io, read by qcowkit ---
+for raw in off on; do
+  rm -f q.qcow2 q.raw
+  qemu-img create -q -f qcow2 -o data_file=q.raw,data_file_raw=$raw q.qcow2 8M
+  qemu-io -c 'write -P 0x33 0 1M' -c 'write -P 0x44 3M 70k' -c 'write -z 3100k 64k' -c 'discard 3M 64k' q.qcow2 >/dev/null
+  same_info q.qcow2 "qemu-io's image, data_file_raw=$raw"
+  "$QK" convert -O raw q.qcow2 ours.raw && qemu-img convert -O raw q.qcow2 theirs.raw || bad "convert (raw=$raw)"
+  cmp -s ours.raw theirs.raw || bad "qcowkit reads qemu-io's data-file image differently (raw=$raw)"
+  diff <("$QK" map --output=json q.qcow2) <(qemu-img map --output=json q.qcow2) >diff.out || { bad "map (raw=$raw)"; cat diff.out; }
+  out=$("$QK" check q.qcow2 2>&1) || { bad "qcowkit check of qemu-io's image (raw=$raw)"; echo "$out"; }
+done
+
+# --- the same writes through qcowkit io and qemu-io ---
+ops() { # seed: a list of -c arguments (writes, zero writes, discards; cluster 0 included)
+  local seed=$1 i=0 off len
+  RANDOM=$seed
+  printf "%s\n" -c "write -P 7 0 512"
+  while [ $i -lt 60 ]; do
+    off=$(( (RANDOM * 32768 + RANDOM) % (16 << 20) / 512 * 512 ))
+    len=$(( (RANDOM % 256 + 1) * 512 ))
+    [ $((off + len)) -gt $((16 << 20)) ] && len=$(( (16 << 20) - off ))
+    case $((RANDOM % 6)) in
+      0|1|2) printf "%s\n" -c "write -P $((RANDOM % 250 + 1)) $off $len" ;;
+      3) printf "%s\n" -c "write -z $off $len" ;;
+      4) # whole 64k units: QEMU 7.2 ignores the partial clusters of a
+         # discard, qcowkit zeroes their whole subclusters (extended L2)
+         printf "%s\n" -c "discard $((off / 65536 * 65536)) 65536" ;;
+      5) printf "%s\n" -c "write -P 9 $((off / 65536 * 65536)) 65536" ;;
+    esac
+    i=$((i + 1))
+  done
+}
+for cfg in "cluster_size=64k" "cluster_size=64k,data_file_raw=on" "cluster_size=4k" \
+           "cluster_size=32k,extended_l2=on" "cluster_size=32k,extended_l2=on,data_file_raw=on"; do
+  for seed in 1 2; do
+    rm -f a.qcow2 a.raw t.qcow2 t.raw
+    qemu-img create -q -f qcow2 -o data_file=a.raw,$cfg a.qcow2 16M
+    qemu-img create -q -f qcow2 -o data_file=t.raw,$cfg t.qcow2 16M
+    mapfile -t args < <(ops $seed)
+    "$QK" io "${args[@]}" a.qcow2 >io.out 2>&1 || { bad "$cfg seed $seed: qcowkit io failed"; tail -3 io.out; }
+    qemu-io "${args[@]}" t.qcow2 >/dev/null 2>&1 || bad "$cfg seed $seed: qemu-io failed"
+    ckclean a.qcow2 "$cfg seed $seed"
+    qemu-img compare -q a.qcow2 t.qcow2 || bad "$cfg seed $seed: contents differ from qemu-io's"
+    case $cfg in *data_file_raw=on*)
+      qemu-img compare -q -f raw -F qcow2 a.raw a.qcow2 || bad "$cfg seed $seed: the raw data file is not the disk" ;;
+    esac
+    qemu-img info a.qcow2 | grep -q "data file raw: $(case $cfg in *raw=on*) echo true;; *) echo false;; esac)" ||
+      bad "$cfg seed $seed: the raw bit changed"
+  done
+done
+
+# --- convert into a data-file image ---
+qemu-img create -q -f qcow2 src.qcow2 8M
+qemu-io -c 'write -P 3 0 3M' -c 'write -P 4 5M 1M' src.qcow2 >/dev/null
+for raw in off on; do
+  rm -f c.qcow2 c.raw
+  "$QK" convert -O qcow2 -o data_file=c.raw,data_file_raw=$raw src.qcow2 c.qcow2 || bad "convert -o data_file (raw=$raw)"
+  qemu-img compare -q src.qcow2 c.qcow2 || bad "convert into a data file (raw=$raw): contents differ"
+  ckclean c.qcow2 "convert into a data file (raw=$raw)"
+  [ $raw = on ] && { qemu-img compare -q -f raw -F qcow2 c.raw src.qcow2 || bad "convert: the raw data file is not the disk"; }
+done
+
+# --- refusals ---
+rm -f q.qcow2 q.raw
+qemu-img create -q -f qcow2 -o data_file=q.raw q.qcow2 4M
+qemu-io -c 'write -P 5 0 256k' q.qcow2 >/dev/null
+cp q.raw q.raw.before
+"$QK" snapshot -c s1 q.qcow2 2>err.txt && bad "snapshot -c was accepted"
+grep -q "Could not create snapshot 's1'" err.txt || { bad "snapshot -c message"; cat err.txt; }
+"$QK" io -c 'write -c 0 64k' q.qcow2 >out.txt 2>&1 && bad "a compressed write was accepted"
+grep -q "Operation not supported" out.txt || { bad "write -c message"; cat out.txt; }
+[ "$(status "$QK" amend -o compat=0.10 q.qcow2)" = "$(status qemu-img amend -o compat=0.10 q.qcow2)" ] ||
+  bad "amend -o compat=0.10 differs from qemu-img"
+"$QK" resize q.qcow2 8M >/dev/null 2>&1 && bad "resize was accepted"
+ckclean q.qcow2 "after the refusals"
+cmp -s q.raw q.raw.before || bad "a refused operation changed the data file"
+qemu-io -c 'read -P 5 0 256k' q.qcow2 >/dev/null || bad "data lost after the refusals"
+
+# --- a missing data file, a hostile mapping ---
+mv q.raw q.raw.away
+out=$("$QK" io -c 'read 0 4k' q.qcow2 2>&1) && bad "opened without its data file"
+echo "$out" | grep -q "Could not open 'q.raw'" || { bad "missing data file message"; echo "$out"; }
+mv q.raw.away q.raw
+# Point guest cluster 1's L2 entry at host offset 0x50000 (L2 entry layout
+# from the qcow2 specification): not where a data file keeps it.
+python3 - q.qcow2 <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+h = f.read(48)
+l1 = struct.unpack(">Q", h[40:48])[0]
+f.seek(l1); l2 = struct.unpack(">Q", f.read(8))[0] & 0x00fffffffffffe00
+f.seek(l2 + 8); f.write(struct.pack(">Q", (1 << 63) | 0x50000))
+PY
+out=$("$QK" io -c 'read 64k 4k' q.qcow2 2>&1) && bad "read a cluster mapped away from its guest offset"
+case "$out" in *AddressSanitizer*|*"runtime error"*) bad "hostile mapping: sanitizer report"; echo "$out" ;; esac
+"$QK" io -c 'read -P 5 0 4k' q.qcow2 >/dev/null 2>&1 || bad "cluster 0 unreadable next to a bad entry"
+exit $fail
