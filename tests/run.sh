@@ -147,6 +147,9 @@ crash_lane() { # out
     run_crash "$out" "crash/powerloss-$cfg" powerloss "$cfg" "$QCOWKIT" --epochs 8
     run_crash "$out" "crash/sigkill-$cfg" sigkill "$cfg" "$QCOWKIT" --rounds 8
   done
+  for cfg in $(python3 tests/crash/sigkill.py --list-data-file); do
+    run_crash "$out" "crash/sigkill-$cfg" sigkill "$cfg" "$QCOWKIT" --rounds 8
+  done
   run_crash "$out" "crash/powerloss-c4k-asan" powerloss c4k "$QCOWKIT_ASAN" --epochs 4
 }
 

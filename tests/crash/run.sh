@@ -68,6 +68,14 @@ for cfg in $(python3 "$here/powerloss.py" --list); do
     run_logged sigkill "$cfg" "${sk_short[@]}"
   fi
 done
+# Images with an external data file: SIGKILL rounds only (workload.py).
+for cfg in $(python3 "$here/sigkill.py" --list-data-file); do
+  if [ "$mode" = long ]; then
+    run_logged sigkill "$cfg" "${sk_long[@]}"
+  else
+    run_logged sigkill "$cfg" "${sk_short[@]}"
+  fi
+done
 # Both scripts end with "<kind>: states checked N..., failures N".
 states=$(awk '/^(powerloss|sigkill): states checked/ {s += $4} END {print s+0}' "$log")
 fails=$(awk '/^(powerloss|sigkill): states checked/ {f += $NF} END {print f+0}' "$log")

@@ -26,20 +26,28 @@ import wlog
 class Config:
     def __init__(self, name, cluster=65536, refbits=16, extl2=False, size=64 << 20,
                  aio="io_uring", cache="writeback", snapshots=False, vmstate=False,
-                 epochs=30, max_ops=4, big=0.0, window=8):
+                 epochs=30, max_ops=4, big=0.0, window=8, data_file=False, data_raw=False):
         self.name, self.cluster, self.refbits, self.extl2 = name, cluster, refbits, extl2
+        self.data_file, self.data_raw = data_file, data_raw
         self.size, self.aio, self.cache = size, aio, cache
         self.snapshots, self.vmstate = snapshots, vmstate
         self.epochs, self.max_ops, self.big, self.window = epochs, max_ops, big, window
 
-    def create_opts(self):
-        return "cluster_size=%d,refcount_bits=%d,extended_l2=%s" % (
+    def create_opts(self, image=None):
+        o = "cluster_size=%d,refcount_bits=%d,extended_l2=%s" % (
             self.cluster, self.refbits, "on" if self.extl2 else "off")
+        if self.data_file:
+            # An absolute name: the image finds it wherever the test runs.
+            o += ",data_file=%s.data" % os.path.abspath(image)
+            if self.data_raw:
+                o += ",data_file_raw=on"
+        return o
 
     def describe(self):
-        return "%s (cluster_size=%d refcount_bits=%d extended_l2=%s size=%dM aio=%s cache=%s%s)" % (
+        return "%s (cluster_size=%d refcount_bits=%d extended_l2=%s size=%dM aio=%s cache=%s%s%s)" % (
             self.name, self.cluster, self.refbits, "on" if self.extl2 else "off",
-            self.size >> 20, self.aio, self.cache, " snapshots" if self.snapshots else "")
+            self.size >> 20, self.aio, self.cache, " snapshots" if self.snapshots else "",
+            (" data_file" + (" raw" if self.data_raw else "")) if self.data_file else "")
 
 
 # The short run's configurations: every cluster size class, extended L2,
@@ -55,6 +63,15 @@ SHORT = [
     Config("c2m-r2", cluster=2 << 20, refbits=2, size=32 << 20, epochs=16, window=4),
     Config("c16k-extl2-snap", cluster=16384, refbits=16, extl2=True, size=32 << 20, epochs=30,
            snapshots=True),
+]
+
+# External data files: SIGKILL only (the power-loss replay rebuilds one
+# file from its write log, and guest data goes to a second one here). No
+# cuts: an image with a data file cannot be resized.
+DATA_FILE = [
+    Config("c64k-datafile", cluster=65536, size=32 << 20, epochs=30, data_file=True),
+    Config("c32k-extl2-datafile-raw", cluster=32768, extl2=True, size=32 << 20, epochs=30,
+           data_file=True, data_raw=True),
 ]
 
 
@@ -120,7 +137,7 @@ class Generator:
             # Alone in its epoch, so the crash points around it have few
             # pending writes and every subset of them gets checked.
             return self.queued.pop(0)
-        if self.rng.random() < 0.05:
+        if self.rng.random() < 0.05 and not self.cfg.data_file:
             # The image shrunk (its tail cut off) and grown back: alone too.
             new = self.rng.randrange(self.cfg.size * 3 // 4, self.cfg.size, 512)
             return [Op("cut", new, self.cfg.size - new)]
@@ -244,7 +261,7 @@ class Runner:
 
 
 def create_image(qcowkit, cfg, image):
-    subprocess.run([qcowkit, "create", "-q", "-f", "qcow2", "-o", cfg.create_opts(), image,
+    subprocess.run([qcowkit, "create", "-q", "-f", "qcow2", "-o", cfg.create_opts(image), image,
                     str(cfg.size)], check=True)
 
 
