@@ -134,11 +134,12 @@ static int parse_one(AmendCmd *c, char *kv)
         c->backing_fmt = v ? v : "";
         c->backing_given = true;
     } else if (strcmp(kv, "data_file") == 0) {
-        qk_tool_error("data-file can only be set for images that use an external data file");
-        return 1;
+        c->o.data_file = v ? v : "";
     } else if (strcmp(kv, "data_file_raw") == 0) {
-        qk_tool_error("data-file-raw cannot be set on existing images");
-        return 1;
+        if (qk_tool_parse_bool("", kv, v ? v : "on", &c->o.data_file_raw) < 0) {
+            return 1;
+        }
+        c->o.data_file_raw_set = true;
     } else if (is_creation_only(kv)) {
         qk_tool_error("Invalid parameter '%s'", kv);
         fprintf(stderr, "This option is only supported for image creation\n");

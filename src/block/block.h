@@ -145,6 +145,9 @@ typedef struct QkAmendOptions {
     uint32_t refcount_bits;      /* 0: keep */
     bool size_set;
     uint64_t size;
+    const char *data_file;       /* NULL: keep; "": drop the name; else rename */
+    bool data_file_raw_set;      /* data_file_raw given: only off is allowed */
+    bool data_file_raw;
     void (*progress)(uint64_t done, uint64_t total, void *opaque);
     void *opaque;
     /* Only decide whether the amend would be refused (the image may be

@@ -194,6 +194,12 @@ int coroutine_fn qcow2_co_amend(QkBlock *bs, const QkAmendOptions *o, QkError *e
     if (version < 3 && qcow2_has_data_file(s)) {
         return qk_error_set(err, -ENOTSUP, "Cannot downgrade an image with a data file");
     }
+    if (o->data_file && !qcow2_has_data_file(s)) {
+        return qk_error_set(err, -EINVAL, "data-file can only be set for images that use an external data file");
+    }
+    if (o->data_file_raw_set && o->data_file_raw && !s->data_raw) {
+        return qk_error_set(err, -EINVAL, "data-file-raw cannot be set on existing images");
+    }
     if (version < 3 && o->lazy_refcounts == 1) {
         return qk_error_set(err, -EINVAL, "Lazy refcounts only supported with compatibility level 1.1 "
                             "and above (use compat=1.1 or greater)");
@@ -272,6 +278,9 @@ int coroutine_fn qcow2_co_amend(QkBlock *bs, const QkAmendOptions *o, QkError *e
         h.version = 2;
         h.incompatible_features = h.compatible_features = h.autoclear_features = 0;
         r = qcow2_co_rewrite_header(bs, &h, err);
+    }
+    if (r == 0 && (o->data_file || (o->data_file_raw_set && !o->data_file_raw && s->data_raw))) {
+        r = qcow2_data_file_amend(bs, o->data_file, o->data_file_raw_set && !o->data_file_raw, err);
     }
     return r;
 }

@@ -80,3 +80,54 @@ int coroutine_fn qcow2_data_file_close(Qcow2State *s)
     s->data_file_name = NULL;
     return r;
 }
+
+int coroutine_fn qcow2_data_file_amend(QkBlock *bs, const char *name, bool clear_raw, QkError *err)
+{
+    Qcow2State *s = qcow2_state(bs);
+    if (name && strlen(name) > 4095) {
+        return qk_error_set(err, -EINVAL, "data file name too long");
+    }
+    char *copy = name && *name ? strdup(name) : NULL;
+    if (name && *name && !copy) {
+        return qk_error_set(err, -ENOMEM, "out of memory");
+    }
+    if (name) {
+        /* The extension list is what the header rewrite lays out. */
+        for (Qcow2Ext **p = &s->exts; *p; p = &(*p)->next) {
+            Qcow2Ext *e = *p;
+            if (e->type != QCOW2_EXT_DATA_FILE) {
+                continue;
+            }
+            if (copy) {
+                free(e->data);
+                e->data = (uint8_t *)strdup(copy);
+                e->len = (uint32_t)strlen(copy);
+                if (!e->data) {
+                    free(copy);
+                    return qk_error_set(err, -ENOMEM, "out of memory");
+                }
+            } else {
+                *p = e->next;
+                free(e->data);
+                free(e);
+            }
+            break;
+        }
+    }
+    Qcow2Header h = s->h;
+    if (clear_raw) {
+        h.autoclear_features &= ~QCOW2_AUTOCLEAR_DATA_FILE_RAW;
+    }
+    int r = qcow2_co_rewrite_header(bs, &h, err);
+    if (r == 0) {
+        s->data_raw = (s->h.autoclear_features & QCOW2_AUTOCLEAR_DATA_FILE_RAW) != 0;
+        if (name) {
+            /* This open keeps using the file it has; the next finds the new one. */
+            free(s->data_file_name);
+            s->data_file_name = copy;
+            copy = NULL;
+        }
+    }
+    free(copy);
+    return r;
+}

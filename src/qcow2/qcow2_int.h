@@ -239,6 +239,9 @@ static inline bool qcow2_has_data_file(const Qcow2State *s) { return s->data && 
 int coroutine_fn qcow2_data_file_open(Qcow2State *s, const QkOpenOptions *opts, QkError *err);
 int coroutine_fn qcow2_data_file_flush(Qcow2State *s);
 int coroutine_fn qcow2_data_file_close(Qcow2State *s);
+/* amend: names another data file (NULL keeps the name, "" drops it, as
+ * qemu-img does) and/or clears the raw bit; rewrites the header. */
+int coroutine_fn qcow2_data_file_amend(QkBlock *bs, const char *name, bool clear_raw, QkError *err);
 
 /* header.c */
 int qcow2_read_header(QkBlock *file, Qcow2Header *h, uint8_t **cluster0, uint64_t *file_len, QkError *err);

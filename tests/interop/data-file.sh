@@ -9,6 +9,7 @@
 #  - the same writes, zero writes and discards through qcowkit io and
 #    qemu-io on twin images end up identical (qemu-img compare), check
 #    clean, and a raw data file stays equal to the disk on its own;
+#  - amend -o data_file/data_file_raw leaves the same bytes as qemu-img's;
 #  - what a data file cannot hold is refused and leaves the image clean
 #    (internal snapshots, compressed writes, a v2 downgrade, resize);
 #  - a missing data file, and an L2 entry that is not at its guest offset,
@@ -106,6 +107,22 @@ for raw in off on; do
   qemu-img compare -q src.qcow2 c.qcow2 || bad "convert into a data file (raw=$raw): contents differ"
   ckclean c.qcow2 "convert into a data file (raw=$raw)"
   [ $raw = on ] && { qemu-img compare -q -f raw -F qcow2 c.raw src.qcow2 || bad "convert: the raw data file is not the disk"; }
+done
+
+# --- amend data_file / data_file_raw: same messages, status and bytes ---
+qemu-img create -q -f qcow2 -o data_file=m.raw m.qcow2 4M
+qemu-img create -q -f qcow2 -o data_file=mr.raw,data_file_raw=on mr.qcow2 4M
+qemu-img create -q -f qcow2 plain.qcow2 4M
+for img in m mr plain; do
+  for o in data_file=m2.raw data_file_raw=on data_file_raw=off "data_file=m.raw,data_file_raw=on" "data_file=" \
+           "data_file=new.raw,data_file_raw=off"; do
+    res=()
+    for tool in "$QK" qemu-img; do
+      cp $img.qcow2 am.qcow2
+      res+=("$(status "$tool" amend -o "$o" am.qcow2)|$(md5sum <am.qcow2)")
+    done
+    [ "${res[0]}" = "${res[1]}" ] || { bad "amend -o $o on $img differs from qemu-img"; printf '%s\n' "${res[@]}"; }
+  done
 done
 
 # --- refusals ---
