@@ -13,7 +13,9 @@
  * the usual one: references go (L2 entries, then L1 entries, written and
  * flushed) before the refcounts they held drop; the new size is written
  * last when shrinking (a crash before leaves the old size with a cut
- * tail), after the new L1 when growing.
+ * tail), after the new L1 when growing. An external data file grows
+ * before any metadata maps its new area and is cut only after a shrink
+ * has dropped every reference past the new end.
  */
 #include "qcow2/qcow2_int.h"
 #include "qcow2/snapshot_int.h"
@@ -174,6 +176,25 @@ static int coroutine_fn grow(Qcow2State *s, uint64_t old, uint64_t size, QkPreal
     return 0;
 }
 
+static int coroutine_fn data_file_grow(Qcow2State *s, uint64_t old, uint64_t size, QkPrealloc prealloc,
+                                      QkError *err)
+{
+    int64_t len = qk_block_length(s->data);
+    if (len < 0) {
+        return qk_error_set_errno(err, (int)len, "Could not get the data file's length");
+    }
+    if ((uint64_t)len > old) {
+        int r = qk_co_pwrite_zeroes(s->data, old, QK_MIN((uint64_t)len, size) - old, 0);
+        if (r < 0) {
+            return qk_error_set_errno(err, r, "Could not zero the data file past the old end");
+        }
+    }
+    if ((uint64_t)len >= size) {
+        return 0;
+    }
+    return qk_co_truncate(s->data, size, prealloc == QK_PREALLOC_METADATA ? QK_PREALLOC_OFF : prealloc, err);
+}
+
 int coroutine_fn qcow2_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc prealloc, QkError *err)
 {
     Qcow2State *s = qcow2_state(bs);
@@ -187,18 +208,31 @@ int coroutine_fn qcow2_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc preall
     if (s->h.nb_snapshots && !qcow2_is_v3(s)) {
         return qk_error_set(err, -ENOTSUP, "Can't resize a v2 image which has snapshots");
     }
-    if (qcow2_has_data_file(s) && old != 0) {
-        /* Only create's first growth (the data file was made at its size). */
-        return qk_error_set(err, -ENOTSUP, "Resizing images with an external data file is not supported");
-    }
     if (size < old) {
         if (prealloc != QK_PREALLOC_OFF) {
             return qk_error_set(err, -EINVAL, "Preallocation can't be used for shrinking an image");
         }
-        return shrink(s, size, err);
+        int r = shrink(s, size, err);
+        if (r == 0 && qcow2_has_data_file(s)) {
+            /* Nothing refers past the new end any more. */
+            r = qk_co_truncate(s->data, size, QK_PREALLOC_OFF, err);
+        }
+        return r;
     }
     if (size == old && prealloc == QK_PREALLOC_OFF) {
         return 0;
+    }
+    if (qcow2_has_data_file(s) && old != 0) {
+        /* The data file grows first (its preallocation is its own), and
+         * with zeros where it already reached past the old end: a raw
+         * data file's new area is mapped as it is. */
+        int r = data_file_grow(s, old, size, prealloc, err);
+        if (r < 0) {
+            return r;
+        }
+        if (prealloc != QK_PREALLOC_OFF || s->data_raw) {
+            prealloc = QK_PREALLOC_METADATA;
+        }
     }
     return grow(s, old, size, prealloc, err);
 }
