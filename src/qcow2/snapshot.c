@@ -46,9 +46,43 @@ static int coroutine_fn run_add(Qcow2State *s, Run *run, uint64_t off, uint64_t 
     return r;
 }
 
+/* A dropped table's clusters in an external data file: given back to
+ * the host (advisory, as a discard), in runs. */
+static int coroutine_fn discard_data(Qcow2State *s, uint64_t l2off)
+{
+    void *t;
+    int r = qcow2_cache_get(s->l2_cache, l2off, &t);
+    if (r < 0) {
+        return r;
+    }
+    uint64_t start = 0, len = 0;
+    for (uint64_t j = 0; j <= s->l2_entries; j++) {
+        uint64_t bm;
+        uint64_t e = j < s->l2_entries ? qcow2_l2_get(s, t, j, &bm) : 0;
+        uint64_t off = e & QCOW2_L2E_OFFSET_MASK;
+        bool mapped = (off || (e & QCOW2_OFLAG_COPIED)) && !(e & QCOW2_OFLAG_COMPRESSED);
+        if (mapped && len && off == start + len) {
+            len += s->cluster_size;
+            continue;
+        }
+        if (len) {
+            qk_co_pdiscard(s->data, start, len);
+        }
+        start = off;
+        len = mapped ? s->cluster_size : 0;
+    }
+    qcow2_cache_put(s->l2_cache, &t);
+    return 0;
+}
+
 /* One L2 table of the walk (see qcow2_walk_l1). */
 static int coroutine_fn walk_l2(Qcow2State *s, uint64_t l2off, int addend, bool fix_copied)
 {
+    if (qcow2_has_data_file(s)) {
+        /* Its entries point into the data file: nothing here counts them
+         * (and no snapshot shares them, so COPIED stays as it is). */
+        return addend < 0 && !s->data_raw ? discard_data(s, l2off) : 0;
+    }
     void *t;
     int r = qcow2_cache_get(s->l2_cache, l2off, &t);
     if (r < 0) {

@@ -13,6 +13,8 @@
 #  - what a data file cannot hold is refused and leaves the image clean
 #    (internal snapshots, compressed writes, a v2 downgrade);
 #  - resize grows, preallocates and cuts the data file as qemu-img does;
+#  - commit into and out of data-file images and a safe rebase of one keep
+#    the data and leave every image clean;
 #  - a missing data file, and an L2 entry that is not at its guest offset,
 #    are errors, not crashes.
 # Exit 0 pass, 1 fail.
@@ -140,6 +142,44 @@ $(qemu-img map --output=json rs.qcow2; qemu-img check rs.qcow2 2>&1)")
     done
     [ "${res[0]}" = "${res[1]}" ] || { bad "resize $opt $sz (raw=$raw) differs from qemu-img"; printf '%s\n' "${res[@]}"; }
   done
+done
+
+# A shrink across L2 tables drops whole tables (4k clusters: 2 MiB each).
+res=()
+for tool in "$QK" qemu-img; do
+  rm -f sh.qcow2 sh.raw
+  qemu-img create -q -f qcow2 -o data_file=sh.raw,cluster_size=4k sh.qcow2 8M
+  qemu-io -c 'write -P 1 0 8M' sh.qcow2 >/dev/null
+  res+=("$(status "$tool" resize --shrink sh.qcow2 1M) $(md5sum <sh.qcow2) $(stat -c %s sh.raw) $(qemu-img check sh.qcow2 2>&1)")
+done
+[ "${res[0]}" = "${res[1]}" ] || { bad "shrink across L2 tables differs from qemu-img"; printf '%s\n' "${res[@]}"; }
+
+# --- commit and rebase through data files ---
+chain() { # base_opts overlay_opts
+  rm -f cb.qcow2 cb.raw co.qcow2 co.raw nb.qcow2
+  qemu-img create -q -f qcow2 ${1:+-o "$1"} cb.qcow2 8M
+  qemu-io -c 'write -P 1 0 8M' cb.qcow2 >/dev/null
+  qemu-img create -q -f qcow2 ${2:+-o "$2"} -b cb.qcow2 -F qcow2 co.qcow2
+  qemu-io -c 'write -P 2 1M 2M' -c 'write -z 5M 1M' -c 'write -P 3 7M 4k' co.qcow2 >/dev/null
+}
+for pair in "data_file=cb.raw:data_file=co.raw" "data_file=cb.raw:" ":data_file=co.raw"; do
+  bo=${pair%%:*} oo=${pair#*:}
+  chain "$bo" "$oo"
+  qemu-img convert -O raw co.qcow2 want.raw
+  "$QK" commit -q co.qcow2 || bad "commit ($pair) failed"
+  ckclean cb.qcow2 "commit ($pair): base"
+  ckclean co.qcow2 "commit ($pair): overlay"
+  qemu-img convert -O raw cb.qcow2 got.raw
+  cmp -s want.raw got.raw || bad "commit ($pair): the base does not hold the overlay's data"
+  qemu-img convert -O raw co.qcow2 got.raw
+  cmp -s want.raw got.raw || bad "commit ($pair): the emptied overlay reads differently"
+  chain "$bo" "$oo"
+  qemu-img convert -O raw co.qcow2 want.raw
+  qemu-img create -q -f qcow2 nb.qcow2 8M
+  "$QK" rebase -b nb.qcow2 -F qcow2 co.qcow2 || bad "rebase ($pair) failed"
+  ckclean co.qcow2 "rebase ($pair)"
+  qemu-img convert -O raw co.qcow2 got.raw
+  cmp -s want.raw got.raw || bad "rebase ($pair): the overlay reads differently"
 done
 
 # --- refusals ---
