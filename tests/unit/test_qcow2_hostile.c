@@ -93,7 +93,11 @@ int main(void)
     { size_t l; uint8_t *b = slurp("h.qcow2", &l); uint8_t *p = memmem(b, l, "extended L2", 11);
       QK_CHECK(p != NULL); if (p) { put_be("h.qcow2", (long)(p - b) - 1, 9, 1); } free(b); }
     expect_fail("named incompat bit", "extended L2 entries");
-    fresh(); put_be("h.qcow2", 72, 1ULL << 2, 8); expect_fail("external data file", "external data file");
+    /* The external data file bit with no file named, and a named one missing. */
+    fresh(); put_be("h.qcow2", 72, 1ULL << 2, 8); expect_fail("external data file unnamed", "'data-file' is required");
+    QK_CHECK_EQ(t_sh("rm -f h.qcow2 hd.raw && qemu-img create -q -f qcow2 -o data_file=hd.raw h.qcow2 64M && "
+                     "rm hd.raw"), 0);
+    expect_fail("external data file missing", "Could not open 'hd.raw'");
     fresh(); put_be("h.qcow2", 96, 7, 4); expect_fail("refcount_order 7", "refcount_order");
     fresh(); put_be("h.qcow2", 100, 48, 4); expect_fail("header_length small", "header_length");
     fresh(); put_be("h.qcow2", 100, 0x100000, 4); expect_fail("header_length huge", "header_length");
