@@ -703,7 +703,12 @@ int coroutine_fn qk_co_make_empty(QkBlock *bs)
         return -ENOTSUP;
     }
     qk_co_drain(bs);
-    return bs->drv->co_make_empty(bs);
+    int r = bs->drv->co_make_empty(bs);
+    if (r == 0) {
+        /* What the image held now reads from below it. */
+        qk_dirty_bitmaps_mark_all(bs, 0, bs->size);
+    }
+    return r;
 }
 
 int coroutine_fn qk_co_change_backing(QkBlock *bs, const char *name, const char *fmt, QkError *err)
@@ -739,7 +744,11 @@ int coroutine_fn qk_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc prealloc,
         return qk_error_set(err, -ENOTSUP, "format '%s' does not support resize", bs->drv->format_name);
     }
     qk_co_drain(bs);
-    return bs->drv->co_truncate(bs, size, prealloc, err);
+    int r = bs->drv->co_truncate(bs, size, prealloc, err);
+    if (r == 0 && qk_dirty_bitmaps_truncate(bs, size) < 0) {
+        return qk_error_set(err, -ENOMEM, "out of memory");
+    }
+    return r;
 }
 
 void qk_block_get_info(QkBlock *bs, QkImageInfo *info)

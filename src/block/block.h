@@ -32,6 +32,7 @@ enum {
     QK_OPEN_NO_BACKING = 1 << 4,   /* do not open the backing chain */
     QK_OPEN_FORCE_SHARE = 1 << 5,
     QK_OPEN_CHECK = 1 << 6,        /* opened by check: tolerate some corruption */
+    QK_OPEN_LOAD_BITMAPS = 1 << 7, /* read-only too: load the persistent bitmaps (a merge source) */
 };
 
 /* Request flags. */
@@ -206,6 +207,9 @@ struct QkBlockDriver {
     int coroutine_fn (*co_change_backing)(QkBlock *bs, const char *name, const char *fmt, QkError *err);
     /* Changes the image's options (amend); NULL: the format has none. */
     int coroutine_fn (*co_amend)(QkBlock *bs, const QkAmendOptions *o, QkError *err);
+    /* Whether a new persistent bitmap can be stored (NULL: never); the
+     * message says why not. */
+    int (*bitmap_can_store)(QkBlock *bs, const char *name, uint64_t granularity, QkError *err);
 };
 
 struct QkBlock {

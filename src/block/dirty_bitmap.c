@@ -88,14 +88,24 @@ void qk_dirty_bitmap_remove_all(QkBlock *bs)
     }
 }
 
-void qk_dirty_bitmap_set_enabled(QkDirtyBitmap *bm, bool enabled) { bm->enabled = enabled; }
-void qk_dirty_bitmap_clear(QkDirtyBitmap *bm) { qk_hbitmap_reset_all(bm->bits); }
+void qk_dirty_bitmap_set_enabled(QkDirtyBitmap *bm, bool enabled)
+{
+    bm->changed |= bm->enabled != enabled;
+    bm->enabled = enabled;
+}
+
+void qk_dirty_bitmap_clear(QkDirtyBitmap *bm)
+{
+    qk_hbitmap_reset_all(bm->bits);
+    bm->changed = true;
+}
 
 int qk_dirty_bitmap_merge(QkDirtyBitmap *dst, const QkDirtyBitmap *src, QkError *err)
 {
     if (dst->granularity != src->granularity || !qk_hbitmap_merge(dst->bits, src->bits)) {
         return qk_error_set(err, -EINVAL, "Bitmaps are incompatible (size or granularity differ)");
     }
+    dst->changed = true;
     return 0;
 }
 
@@ -149,6 +159,12 @@ uint64_t qk_dirty_bitmap_next_dirty(const QkDirtyBitmap *bm, uint64_t off)
     return b == UINT64_MAX ? UINT64_MAX : b * bm->granularity;
 }
 
+uint64_t qk_dirty_bitmap_next_clean(const QkDirtyBitmap *bm, uint64_t off)
+{
+    uint64_t b = qk_hbitmap_next_zero(bm->bits, off / bm->granularity);
+    return b == UINT64_MAX ? UINT64_MAX : b * bm->granularity;
+}
+
 void qk_dirty_bitmaps_mark_all(QkBlock *bs, uint64_t off, uint64_t bytes)
 {
     for (QkDirtyBitmap *bm = bs->dirty_bitmaps; bm; bm = bm->next) {
@@ -156,4 +172,30 @@ void qk_dirty_bitmaps_mark_all(QkBlock *bs, uint64_t off, uint64_t bytes)
             qk_dirty_bitmap_mark(bm, off, bytes);
         }
     }
+}
+
+int qk_dirty_bitmaps_truncate(QkBlock *bs, uint64_t size)
+{
+    for (QkDirtyBitmap *bm = bs->dirty_bitmaps; bm; bm = bm->next) {
+        uint64_t nbits = QK_DIV_ROUND_UP(size, bm->granularity);
+        if (nbits == qk_hbitmap_size(bm->bits)) {
+            bm->size = size;
+            continue;
+        }
+        QkHBitmap *nb = qk_hbitmap_new(nbits);
+        if (!nb) {
+            return -ENOMEM;
+        }
+        for (uint64_t b = qk_hbitmap_next_set(bm->bits, 0); b != UINT64_MAX && b < nbits;) {
+            uint64_t z = qk_hbitmap_next_zero(bm->bits, b);
+            uint64_t end = z == UINT64_MAX ? qk_hbitmap_size(bm->bits) : z;
+            qk_hbitmap_set(nb, b, end - b);
+            b = end < nbits ? qk_hbitmap_next_set(bm->bits, end) : UINT64_MAX;
+        }
+        qk_hbitmap_free(bm->bits);
+        bm->bits = nb;
+        bm->size = size;
+        bm->changed = true; /* a stored copy has the old size's table */
+    }
+    return 0;
 }

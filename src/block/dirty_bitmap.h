@@ -24,6 +24,12 @@ typedef struct QkDirtyBitmap {
     int busy;                 /* users (e.g. a mirror job) that forbid removal */
     QkHBitmap *bits;
     uint64_t marked_bytes;    /* chunk bytes ever marked: how fast writes land, as seen at this granularity */
+    /* Persistent bitmaps belong to the image format too (qcow2/bitmaps.c),
+     * which stores them on close. */
+    bool persistent;
+    bool inconsistent;        /* found in use (not saved after a crash): never used, only removed */
+    bool changed;             /* enabled, cleared or merged into since it was loaded */
+    uint32_t disk_slot;       /* 1 + its index in the directory it was loaded from; 0: new */
     struct QkDirtyBitmap *next;
 } QkDirtyBitmap;
 
@@ -46,6 +52,11 @@ bool qk_dirty_bitmap_get(const QkDirtyBitmap *bm, uint64_t off);
 uint64_t qk_dirty_bitmap_dirty_bytes(const QkDirtyBitmap *bm);
 /* Offset of the first dirty chunk at or after off, or UINT64_MAX. */
 uint64_t qk_dirty_bitmap_next_dirty(const QkDirtyBitmap *bm, uint64_t off);
+/* Offset of the first clean chunk at or after off, or UINT64_MAX. */
+uint64_t qk_dirty_bitmap_next_clean(const QkDirtyBitmap *bm, uint64_t off);
+
+/* After a resize: every bitmap covers the new size (a new area clean). */
+int qk_dirty_bitmaps_truncate(QkBlock *bs, uint64_t size);
 
 /* Called by the request entry points for every completed modification. */
 void qk_dirty_bitmaps_mark_all(QkBlock *bs, uint64_t off, uint64_t bytes);

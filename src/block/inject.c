@@ -35,6 +35,7 @@ static const char *const op_names[QK_INJ__OPS] = {
     [QK_IO_REFTABLE] = "reftable",
     [QK_IO_REFBLOCK] = "refblock",
     [QK_IO_SNAPSHOT] = "snapshot",
+    [QK_IO_BITMAP] = "bitmap",
     [QK_INJ_WRITE] = "write",
     [QK_INJ_FLUSH] = "flush",
 };

@@ -37,6 +37,7 @@ typedef enum QkIoKind {
     QK_IO_REFTABLE,
     QK_IO_REFBLOCK,
     QK_IO_SNAPSHOT,
+    QK_IO_BITMAP,
     QK_IO__KINDS,
 } QkIoKind;
 

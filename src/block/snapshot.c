@@ -3,6 +3,7 @@
  * format-independent checks, then the driver.
  */
 #include "block/snapshot.h"
+#include "block/dirty_bitmap.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -56,7 +57,12 @@ int coroutine_fn qk_co_snapshot_goto(QkBlock *bs, const char *id_or_name, uint64
     if (!bs->drv->co_snapshot_goto) {
         return unsupported(bs, err);
     }
-    return bs->drv->co_snapshot_goto(bs, id_or_name, vm_state_size ? vm_state_size : &dummy, err);
+    int r = bs->drv->co_snapshot_goto(bs, id_or_name, vm_state_size ? vm_state_size : &dummy, err);
+    if (r == 0) {
+        /* The whole disk may read differently now. */
+        qk_dirty_bitmaps_mark_all(bs, 0, bs->size);
+    }
+    return r;
 }
 
 int coroutine_fn qk_co_snapshot_delete(QkBlock *bs, const char *id, const char *name, QkError *err)

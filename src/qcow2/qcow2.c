@@ -5,6 +5,7 @@
  */
 #include "qcow2/qcow2_int.h"
 #include "qcow2/snapshot_int.h"
+#include "block/dirty_bitmap.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -57,6 +58,7 @@ static void free_state(Qcow2State *s)
     s->l1 = s->rt = NULL;
     s->zero_buf = NULL;
     qcow2_bitmaps_free_list(s);
+    qcow2_bitmaps_forget(s);
     qcow2_data_file_close(s);
     qcow2_free_extensions(s);
 }
@@ -207,32 +209,46 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
         r = qk_error_set(err, -ENOMEM, "out of memory");
         goto fail;
     }
-    if (!bs->read_only) {
+    if (!bs->read_only && !(opts->flags & QK_OPEN_CHECK)) {
         /* check -r writes no guest data, so the bitmaps stay valid: it
          * keeps the autoclear bits, counts the bitmaps' clusters as in use
-         * and leaves them alone. */
-        uint64_t keep = s->data_raw ? QCOW2_AUTOCLEAR_DATA_FILE_RAW : 0;
-        if ((s->h.autoclear_features & ~keep) && !(opts->flags & QK_OPEN_CHECK)) {
-            /* We maintain none of the others (yet): say so. */
+         * and leaves them alone. Everyone else repairs a dirty image
+         * first, then takes the bitmaps over (bitmaps.c). */
+        if (s->h.incompatible_features & QCOW2_INCOMPAT_DIRTY) {
+            r = repair_dirty(bs, err);
+            if (r < 0) {
+                goto fail;
+            }
+        }
+        r = qcow2_bitmaps_open(bs, err);
+        if (r < 0) {
+            goto fail;
+        }
+        uint64_t keep = (s->data_raw ? QCOW2_AUTOCLEAR_DATA_FILE_RAW : 0) |
+                        (s->bm_live ? QCOW2_AUTOCLEAR_BITMAPS : 0);
+        if (s->h.autoclear_features & ~keep) {
+            /* We maintain none of the others: say so. */
             s->h.autoclear_features &= keep;
-            qcow2_bitmaps_free_list(s);
+            if (!s->bm_live) {
+                qcow2_bitmaps_free_list(s);
+            }
             r = qcow2_write_header_field(s, QCOW2_HOFF_AUTOCLEAR, 8);
             if (r < 0) {
                 qk_error_set_errno(err, r, "Could not update the qcow2 header");
                 goto fail;
             }
         }
-        if ((s->h.incompatible_features & QCOW2_INCOMPAT_DIRTY) && !(opts->flags & QK_OPEN_CHECK)) {
-            r = repair_dirty(bs, err);
-            if (r < 0) {
-                goto fail;
-            }
+    } else if (opts->flags & QK_OPEN_LOAD_BITMAPS) {
+        r = qcow2_bitmaps_open(bs, err);
+        if (r < 0) {
+            goto fail;
         }
     }
     free(c0);
     return 0;
 
 fail:
+    qk_dirty_bitmap_remove_all(bs); /* the loaded persistent ones */
     free(bfmt);
     free(c0);
     free(bs->backing_file);
@@ -245,8 +261,11 @@ fail:
 static int coroutine_fn qcow2_close(QkBlock *bs)
 {
     Qcow2State *s = qcow2_state(bs);
-    int r = 0;
+    int r = 0, br = 0;
     if (!s->read_only) {
+        /* Stored before the last flush, which makes them durable too. */
+        QkError berr = {0};
+        br = qcow2_bitmaps_store(bs, &berr);
         qk_co_mutex_lock(&s->lock);
         r = qcow2_data_file_flush(s);
         if (r == 0) {
@@ -275,7 +294,7 @@ static int coroutine_fn qcow2_close(QkBlock *bs)
     }
     int dr = qcow2_data_file_close(s);
     free_state(s);
-    return r < 0 ? r : dr;
+    return r < 0 ? r : br < 0 ? br : dr;
 }
 
 static int coroutine_fn qcow2_co_flush(QkBlock *bs)
@@ -385,4 +404,5 @@ const QkBlockDriver qk_drv_qcow2 = {
     .co_make_empty = qcow2_co_make_empty,
     .co_change_backing = qcow2_co_change_backing,
     .co_amend = qcow2_co_amend,
+    .bitmap_can_store = qcow2_bitmap_can_store,
 };

@@ -154,6 +154,25 @@ typedef struct Qcow2Ext {
     struct Qcow2Ext *next;
 } Qcow2Ext;
 
+/* One bitmap directory entry, as stored (bitmap_dir.c). */
+#define QCOW2_BME_IN_USE 1u
+#define QCOW2_BME_AUTO 2u
+#define QCOW2_BME_EXTRA_COMPAT 4u
+typedef struct Qcow2BmEntry {
+    uint64_t table_off;
+    uint32_t table_size;        /* entries */
+    uint32_t flags;
+    uint8_t type, gbits;
+    uint32_t extra_len;
+    uint8_t *extra;
+    char *name;
+} Qcow2BmEntry;
+typedef struct Qcow2BmDir {
+    Qcow2BmEntry *e;
+    uint32_t n;
+    uint64_t off, size;         /* where it is on disk (0, 0: no directory) */
+} Qcow2BmDir;
+
 struct Qcow2State {
     QkBlock *bs;
     Qcow2Header h;
@@ -197,6 +216,8 @@ struct Qcow2State {
     QkBitmapInfo *bitmaps;      /* the bitmap directory, for info (bitmap_dir.c) */
     int nb_bitmaps;
     bool bitmaps_stale;         /* a bitmaps extension whose autoclear bit is clear */
+    Qcow2BmDir bm_disk;         /* the directory as loaded by a read-write open (bitmaps.c) */
+    bool bm_live;               /* the node's persistent bitmaps are stored on close */
     uint8_t *feature_table;     /* raw feature name table, or NULL */
     uint32_t feature_table_len;
 
@@ -248,6 +269,21 @@ int qcow2_read_header(QkBlock *file, Qcow2Header *h, uint8_t **cluster0, uint64_
 int qcow2_validate_header(Qcow2State *s, uint64_t file_len, bool rdwr, QkError *err);
 int qcow2_parse_extensions(Qcow2State *s, const uint8_t *cluster0, char **backing_fmt, QkError *err);
 void qcow2_free_extensions(Qcow2State *s);
+/* Reads the directory the bitmaps extension names (n = 0 when there is
+ * none); -QK_ECORRUPT when it breaks the layout rules or QEMU's bounds. */
+int coroutine_fn qcow2_bitmap_dir_read(Qcow2State *s, Qcow2BmDir *d);
+void qcow2_bitmap_dir_free(Qcow2BmDir *d);
+uint64_t qcow2_bitmap_entry_len(const Qcow2BmEntry *e);
+/* Writes n entries into buf (the sum of their lengths, zero padded). */
+void qcow2_bitmap_dir_layout(const Qcow2BmEntry *e, uint32_t n, uint8_t *buf);
+/* bitmaps.c: on a read-write open, the directory's bitmaps become the
+ * node's persistent dirty bitmaps (enabled ones tracking writes, marked
+ * in use on disk first); -ENOTSUP with a message for bitmaps that cannot
+ * be kept up to date. On close (or when asked) they are stored again. */
+int coroutine_fn qcow2_bitmaps_open(QkBlock *bs, QkError *err);
+int coroutine_fn qcow2_bitmaps_store(QkBlock *bs, QkError *err);
+int qcow2_bitmap_can_store(QkBlock *bs, const char *name, uint64_t granularity, QkError *err);
+void qcow2_bitmaps_forget(Qcow2State *s);
 /* bitmap_dir.c: reads the bitmap directory's names, granularities and
  * flags into s->bitmaps (nothing when the autoclear bit says the bitmaps
  * are not valid); -QK_ECORRUPT on a malformed directory. */

@@ -14,7 +14,7 @@
 
 typedef struct QkError {
     int code;           /* negative errno, 0 when unset */
-    char msg[512];
+    char msg[3072]; /* room for two 1023-byte names, as in qemu-img's bitmap messages */
 } QkError;
 
 /* Sets err (if non-NULL and not already set) and returns code (negative errno). */

@@ -54,3 +54,26 @@ same_info() {
     fi
   done
 }
+# bitmap_flag IMAGE BITS: ORs BITS into the first persistent bitmap's
+# flags (1: in use, as after a crash; 16: a reserved bit). Bitmaps
+# extension and directory entry layout from the qcow2 specification.
+bitmap_flag() {
+  python3 - "$1" "$2" <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+b = f.read(65536)
+off = struct.unpack(">I", b[100:104])[0]
+while True:
+    t, l = struct.unpack(">II", b[off:off + 8])
+    if t == 0:
+        sys.exit("no bitmaps extension")
+    if t == 0x23852875:
+        d = struct.unpack(">Q", b[off + 24:off + 32])[0]
+        break
+    off += 8 + ((l + 7) & ~7)
+f.seek(d + 12)
+flags = struct.unpack(">I", f.read(4))[0]
+f.seek(d + 12)
+f.write(struct.pack(">I", flags | int(sys.argv[2])))
+PY
+}

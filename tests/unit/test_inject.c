@@ -41,7 +41,7 @@ static void rules(void)
     QK_CHECK_EQ(qk_inject_injected(), 1);
     char line[256];
     qk_inject_stats(line, sizeof(line));
-    QK_CHECK(strstr(line, "write 4 (data 1, header 0, l1 0, l2 3, reftable 0, refblock 0, snapshot 0), "
+    QK_CHECK(strstr(line, "write 4 (data 1, header 0, l1 0, l2 3, reftable 0, refblock 0, snapshot 0, bitmap 0), "
                           "flush 1; 1 fault(s) injected") != NULL);
 
     /* sticky: the 2nd write of any kind and every later one. */

@@ -1,0 +1,581 @@
+/*
+ * Persistent dirty bitmaps kept up to date. A read-write open loads every
+ * bitmap of the directory into the node's dirty bitmaps (persistent ones):
+ * enabled ("auto") bitmaps then track every write, zero write and discard
+ * through the node, as the block layer marks all enabled bitmaps. Before
+ * the first write can happen, the enabled ones are marked in use on disk,
+ * so that a crash leaves them flagged as not saved (never trusted again,
+ * only removed), as QEMU leaves them. A clean close stores them: new data
+ * clusters and tables, a new directory, then one header write switches to
+ * it, and only then are the old clusters freed (a reference reaches the
+ * disk after the refcounts it needs, a refcount drops after its
+ * reference is gone). Bitmaps that did not change keep their clusters.
+ *
+ * Bitmaps found in use stay as they are, unused, until removed. Bitmaps
+ * this code cannot keep (an unknown type or flag, a granularity outside
+ * 512 B..2 GiB, a table of the wrong size) refuse the read-write open
+ * rather than being silently invalidated.
+ */
+#include "qcow2/qcow2_int.h"
+#include "block/dirty_bitmap.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define BME_KNOWN_FLAGS (QCOW2_BME_IN_USE | QCOW2_BME_AUTO | QCOW2_BME_EXTRA_COMPAT)
+#define BME_TYPE_DIRTY 1
+#define BME_MIN_GBITS 9
+#define BME_MAX_GBITS 31
+/* QEMU's bounds on one bitmap: its table's entries and its data. */
+#define BME_MAX_TABLE_SIZE 0x8000000u
+#define BME_MAX_DATA (512ULL << 20)
+#define BME_ENTRY_RESERVED 0xff000000000001feULL
+#define BME_ENTRY_OFFSET 0x00fffffffffffe00ULL
+#define BME_ALL_ONES 1ULL
+
+static uint64_t data_bytes(uint64_t disk, unsigned gbits)
+{
+    return QK_DIV_ROUND_UP(QK_DIV_ROUND_UP(disk, 1ULL << gbits), 8);
+}
+
+static uint64_t table_entries(const Qcow2State *s, uint64_t disk, unsigned gbits)
+{
+    return QK_DIV_ROUND_UP(data_bytes(disk, gbits), s->cluster_size);
+}
+
+void qcow2_bitmaps_forget(Qcow2State *s)
+{
+    qcow2_bitmap_dir_free(&s->bm_disk);
+    s->bm_live = false;
+}
+
+/* Sets bm's bits from one cluster of bitmap data: bit k of byte i covers
+ * chunk 8 * i + k (the format's order), from chunk `first` on. */
+static void set_from_bytes(QkDirtyBitmap *bm, uint64_t first, const uint8_t *buf, uint64_t len)
+{
+    uint64_t nbits = qk_hbitmap_size(bm->bits);
+    uint64_t run = 0, run_len = 0;
+    for (uint64_t i = 0; i < len; i++) {
+        if (!buf[i]) {
+            continue;
+        }
+        for (unsigned k = 0; k < 8; k++) {
+            uint64_t b = first + i * 8 + k;
+            if (!(buf[i] >> k & 1) || b >= nbits) {
+                continue;
+            }
+            if (run_len && run + run_len == b) {
+                run_len++;
+                continue;
+            }
+            if (run_len) {
+                qk_hbitmap_set(bm->bits, run, run_len);
+            }
+            run = b;
+            run_len = 1;
+        }
+    }
+    if (run_len) {
+        qk_hbitmap_set(bm->bits, run, run_len);
+    }
+}
+
+/* The bits of chunks [first, first + 8 * len) into buf; false when none is set. */
+static bool get_bytes(const QkDirtyBitmap *bm, uint64_t first, uint8_t *buf, uint64_t len)
+{
+    memset(buf, 0, len);
+    uint64_t end = QK_MIN(first + len * 8, qk_hbitmap_size(bm->bits));
+    uint64_t b = qk_hbitmap_next_set(bm->bits, first);
+    bool any = false;
+    while (b != UINT64_MAX && b < end) {
+        uint64_t z = qk_hbitmap_next_zero(bm->bits, b);
+        uint64_t stop = z == UINT64_MAX ? end : QK_MIN(z, end);
+        for (uint64_t x = b; x < stop; x++) {
+            buf[(x - first) / 8] |= (uint8_t)(1u << ((x - first) % 8));
+        }
+        any = true;
+        b = stop < end ? qk_hbitmap_next_set(bm->bits, stop) : UINT64_MAX;
+    }
+    return any;
+}
+
+/* Reads one consistent bitmap's data through its table. */
+static int coroutine_fn load_data(Qcow2State *s, const Qcow2BmEntry *e, QkDirtyBitmap *bm)
+{
+    uint64_t cs = s->cluster_size;
+    uint64_t n = e->table_size;
+    uint64_t *t = malloc(n * 8);
+    uint8_t *buf = qk_aligned_alloc(QK_MAX(4096u, s->bs->file->mem_alignment), cs);
+    int r = t && buf ? qk_co_pread(s->bs->file, e->table_off, n * 8, t, 0) : -ENOMEM;
+    uint64_t chunks_per_cluster = cs * 8;
+    uint64_t total = data_bytes(s->bs->size, e->gbits);
+    for (uint64_t i = 0; r == 0 && i < n; i++) {
+        uint64_t te = be64toh(t[i]);
+        uint64_t off = te & BME_ENTRY_OFFSET;
+        uint64_t len = QK_MIN(cs, total - i * cs);
+        if ((te & BME_ENTRY_RESERVED) || (off && (te & BME_ALL_ONES)) || !qk_is_aligned(off, cs) ||
+            (off && !qk_range_within(off, cs, s->file_size))) {
+            r = -QK_ECORRUPT;
+        } else if (!off) {
+            if (te & BME_ALL_ONES) {
+                qk_hbitmap_set(bm->bits, i * chunks_per_cluster, chunks_per_cluster);
+            }
+        } else {
+            r = qk_co_pread(s->bs->file, off, len, buf, 0);
+            if (r == 0) {
+                set_from_bytes(bm, i * chunks_per_cluster, buf, len);
+            }
+        }
+    }
+    free(t);
+    free(buf);
+    return r;
+}
+
+/* Checks what this code needs to keep a bitmap up to date; a message
+ * naming the bitmap when it cannot. */
+static int check_entry(Qcow2State *s, const Qcow2BmEntry *e, QkError *err)
+{
+    if (e->flags & ~BME_KNOWN_FLAGS) {
+        return qk_error_set(err, -ENOTSUP, "Bitmap '%s' has unknown flags %#x; open the image read-only",
+                            e->name, e->flags & ~BME_KNOWN_FLAGS);
+    }
+    if (e->type != BME_TYPE_DIRTY) {
+        return qk_error_set(err, -ENOTSUP, "Bitmap '%s' has an unknown type %u; open the image read-only",
+                            e->name, e->type);
+    }
+    if (e->gbits < BME_MIN_GBITS || e->gbits > BME_MAX_GBITS) {
+        return qk_error_set(err, -ENOTSUP, "Bitmap '%s' has a granularity of 2^%u bytes (supported: 2^%d to 2^%d); "
+                            "open the image read-only", e->name, e->gbits, BME_MIN_GBITS, BME_MAX_GBITS);
+    }
+    if (data_bytes(s->bs->size, e->gbits) > BME_MAX_DATA || e->table_size > BME_MAX_TABLE_SIZE) {
+        return qk_error_set(err, -ENOTSUP, "Bitmap '%s' is too large", e->name);
+    }
+    if (!qk_is_aligned(e->table_off, s->cluster_size) || e->table_size > BME_MAX_TABLE_SIZE ||
+        !qk_range_within(e->table_off, (uint64_t)e->table_size * 8, s->file_size)) {
+        return qk_error_corrupt(err, "bitmap '%s' has an invalid bitmap table", e->name);
+    }
+    /* One in use is kept as it is, never read: its size may be an old one. */
+    if (!(e->flags & QCOW2_BME_IN_USE) &&
+        (e->table_size != table_entries(s, s->bs->size, e->gbits) || (e->table_size && e->table_off == 0))) {
+        return qk_error_corrupt(err, "bitmap '%s' has an invalid bitmap table", e->name);
+    }
+    return 0;
+}
+
+/* Writes the directory in place with the flags of d (same size and place). */
+static int coroutine_fn rewrite_dir_in_place(Qcow2State *s, const Qcow2BmDir *d)
+{
+    uint8_t *buf = calloc(1, d->size);
+    if (!buf) {
+        return -ENOMEM;
+    }
+    qcow2_bitmap_dir_layout(d->e, d->n, buf);
+    int r = qk_co_pwrite(s->bs->file, d->off, d->size, buf, QK_REQ_KIND(QK_IO_BITMAP));
+    free(buf);
+    return r < 0 ? r : qk_co_flush(s->bs->file);
+}
+
+int qcow2_bitmap_can_store(QkBlock *bs, const char *name, uint64_t granularity, QkError *err)
+{
+    Qcow2State *s = qcow2_state(bs);
+    const char *why = NULL;
+    uint32_t n = 0;
+    for (QkDirtyBitmap *bm = bs->dirty_bitmaps; bm; bm = bm->next) {
+        n += bm->persistent;
+    }
+    if (!qcow2_is_v3(s)) {
+        why = "Cannot store dirty bitmaps in qcow2 v2 files";
+    } else if (!s->bm_live) {
+        why = "the image is not open read-write";
+    } else if (strlen(name) > 1023) {
+        why = "Name length exceeds maximum (1023 characters)";
+    } else if (n >= 65535) {
+        why = "Maximum number of persistent bitmaps is already reached";
+    } else if (granularity < 512 || granularity > (1ULL << BME_MAX_GBITS) || (granularity & (granularity - 1))) {
+        why = "Granularity must be a power of two from 512 bytes to 2 GiB";
+    } else if (data_bytes(bs->size, (unsigned)__builtin_ctzll(granularity)) > BME_MAX_DATA) {
+        why = "Too large bitmap: its data would exceed 512 MiB";
+    }
+    if (why) {
+        return qk_error_set(err, -ENOTSUP, "Can't make bitmap '%s' persistent in '%s': %s", name, bs->filename, why);
+    }
+    return 0;
+}
+
+int coroutine_fn qcow2_bitmaps_open(QkBlock *bs, QkError *err)
+{
+    Qcow2State *s = qcow2_state(bs);
+    if (!(s->h.autoclear_features & QCOW2_AUTOCLEAR_BITMAPS)) {
+        /* None to load (or stale ones, dropped by this open): new ones
+         * can still be added and are stored on close. */
+        s->bm_live = !s->read_only && qcow2_is_v3(s);
+        return 0;
+    }
+    Qcow2BmDir *d = &s->bm_disk;
+    int r = qcow2_bitmap_dir_read(s, d);
+    if (r == -QK_ECORRUPT) {
+        return qk_error_corrupt(err, "the bitmap directory is invalid (open read-only, or repair with check -r all "
+                                "after removing the bitmaps)");
+    }
+    if (r < 0) {
+        return qk_error_set_errno(err, r, "Could not read the bitmap directory");
+    }
+    for (uint32_t i = 0; i < d->n && r == 0; i++) {
+        const Qcow2BmEntry *e = &d->e[i];
+        for (uint32_t j = 0; j < i; j++) {
+            if (strcmp(d->e[j].name, e->name) == 0) {
+                r = qk_error_corrupt(err, "bitmap name '%s' appears twice", e->name);
+            }
+        }
+        if (r == 0) {
+            r = check_entry(s, e, err);
+        }
+        if (r < 0) {
+            break;
+        }
+        QkDirtyBitmap *bm = qk_dirty_bitmap_add(bs, e->name, 1ULL << e->gbits, err);
+        if (!bm) {
+            r = err->code ? err->code : -ENOMEM;
+            break;
+        }
+        bm->persistent = true;
+        bm->disk_slot = i + 1;
+        bm->enabled = false;
+        /* In use: not saved after its last change. Unknown extra data
+         * without the compatible flag: not ours to interpret. Both are
+         * kept as they are and never used. */
+        if ((e->flags & QCOW2_BME_IN_USE) || (e->extra_len && !(e->flags & QCOW2_BME_EXTRA_COMPAT))) {
+            bm->inconsistent = true;
+            continue;
+        }
+        r = load_data(s, e, bm);
+        if (r < 0) {
+            qk_error_set_errno(err, r, "Could not read bitmap '%s'", e->name);
+            break;
+        }
+        bm->enabled = (e->flags & QCOW2_BME_AUTO) != 0;
+        bm->changed = bm->enabled;
+    }
+    if (r == 0 && !s->read_only) {
+        /* Enabled bitmaps change with the first write: in use on disk first. */
+        bool any = false;
+        Qcow2BmDir m = *d;
+        uint32_t *saved = calloc(d->n ? d->n : 1, sizeof(*saved));
+        r = saved ? 0 : -ENOMEM;
+        for (QkDirtyBitmap *bm = bs->dirty_bitmaps; r == 0 && bm; bm = bm->next) {
+            if (bm->persistent && bm->enabled) {
+                any = true;
+            }
+        }
+        if (r == 0 && any) {
+            for (uint32_t i = 0; i < d->n; i++) {
+                saved[i] = d->e[i].flags;
+            }
+            for (QkDirtyBitmap *bm = bs->dirty_bitmaps; bm; bm = bm->next) {
+                if (bm->persistent && bm->enabled) {
+                    m.e[bm->disk_slot - 1].flags |= QCOW2_BME_IN_USE;
+                }
+            }
+            r = rewrite_dir_in_place(s, &m);
+            for (uint32_t i = 0; i < d->n; i++) {
+                d->e[i].flags = saved[i]; /* the directory as it was stored, for reuse at close */
+            }
+            if (r < 0) {
+                qk_error_set_errno(err, r, "Could not mark the bitmaps in use");
+            }
+        }
+        free(saved);
+    }
+    if (r < 0) {
+        for (QkDirtyBitmap *bm = bs->dirty_bitmaps, *next; bm; bm = next) {
+            next = bm->next;
+            if (bm->persistent) {
+                qk_dirty_bitmap_remove(bs, bm, NULL);
+            }
+        }
+        qcow2_bitmaps_forget(s);
+        return r;
+    }
+    s->bm_live = !s->read_only;
+    return 0;
+}
+
+/* Writes bm's data into new clusters and a new table; fills the entry's
+ * table fields. The new clusters are counted (refcounts in the cache). */
+static int coroutine_fn write_bitmap(Qcow2State *s, const QkDirtyBitmap *bm, Qcow2BmEntry *e)
+{
+    uint64_t cs = s->cluster_size;
+    unsigned gbits = (unsigned)__builtin_ctzll(bm->granularity);
+    uint64_t n = table_entries(s, s->bs->size, gbits);
+    uint64_t total = data_bytes(s->bs->size, gbits);
+    uint64_t tbytes = qk_align_up(n * 8, cs);
+    uint64_t *t = qk_aligned_zalloc(QK_MAX(4096u, s->bs->file->mem_alignment), tbytes ? tbytes : cs);
+    uint8_t *buf = qk_aligned_alloc(QK_MAX(4096u, s->bs->file->mem_alignment), cs);
+    int r = t && buf ? 0 : -ENOMEM;
+    for (uint64_t i = 0; r == 0 && i < n; i++) {
+        uint64_t len = QK_MIN(cs, total - i * cs);
+        if (!get_bytes(bm, i * cs * 8, buf, len)) {
+            continue; /* entry 0: reads as zeros */
+        }
+        if (len < cs) {
+            memset(buf + len, 0, cs - len);
+        }
+        qk_co_mutex_lock(&s->lock);
+        int64_t h = qcow2_alloc_clusters(s, 1);
+        qk_co_mutex_unlock(&s->lock);
+        r = h < 0 ? (int)h : qk_co_pwrite(s->bs->file, (uint64_t)h, cs, buf, QK_REQ_KIND(QK_IO_BITMAP));
+        if (h >= 0) {
+            t[i] = htobe64((uint64_t)h);
+        }
+    }
+    if (r == 0 && n) {
+        qk_co_mutex_lock(&s->lock);
+        int64_t h = qcow2_alloc_clusters(s, tbytes / cs);
+        qk_co_mutex_unlock(&s->lock);
+        r = h < 0 ? (int)h : qk_co_pwrite(s->bs->file, (uint64_t)h, tbytes, t, QK_REQ_KIND(QK_IO_BITMAP));
+        if (h >= 0) {
+            e->table_off = (uint64_t)h;
+        }
+    }
+    e->table_size = (uint32_t)n;
+    e->type = BME_TYPE_DIRTY;
+    e->gbits = (uint8_t)gbits;
+    if (r < 0) {
+        /* Never referenced: give back what was taken. */
+        qk_co_mutex_lock(&s->lock);
+        for (uint64_t i = 0; t && i < n; i++) {
+            if (t[i]) {
+                qcow2_free_clusters(s, be64toh(t[i]), cs);
+            }
+        }
+        if (e->table_off) {
+            qcow2_free_clusters(s, e->table_off, tbytes);
+            e->table_off = 0;
+        }
+        qk_co_mutex_unlock(&s->lock);
+    }
+    free(t);
+    free(buf);
+    return r;
+}
+
+/* Frees a stored bitmap's data clusters and table (its directory entry is
+ * gone from the header's directory by now). */
+static int coroutine_fn free_bitmap(Qcow2State *s, const Qcow2BmEntry *e)
+{
+    uint64_t cs = s->cluster_size;
+    uint64_t n = e->table_size;
+    if (!n || !e->table_off) {
+        return 0;
+    }
+    uint64_t *t = malloc(n * 8);
+    int r = t ? qk_co_pread(s->bs->file, e->table_off, n * 8, t, 0) : -ENOMEM;
+    qk_co_mutex_lock(&s->lock);
+    for (uint64_t i = 0; r == 0 && i < n; i++) {
+        uint64_t off = be64toh(t[i]) & BME_ENTRY_OFFSET;
+        if (off && qk_is_aligned(off, cs)) {
+            r = qcow2_free_clusters(s, off, cs);
+        }
+    }
+    if (r == 0) {
+        r = qcow2_free_clusters(s, e->table_off, qk_align_up(n * 8, cs));
+    }
+    qk_co_mutex_unlock(&s->lock);
+    free(t);
+    return r;
+}
+
+/* Sets (or drops) the bitmaps extension in the in-memory list. */
+static int set_extension(Qcow2State *s, uint32_t n, uint64_t size, uint64_t off)
+{
+    Qcow2Ext **p = &s->exts, *x = NULL;
+    for (; *p; p = &(*p)->next) {
+        if ((*p)->type == QCOW2_EXT_BITMAPS) {
+            x = *p;
+            break;
+        }
+    }
+    if (!n) {
+        if (x) {
+            *p = x->next;
+            free(x->data);
+            free(x);
+        }
+        return 0;
+    }
+    if (!x) {
+        x = calloc(1, sizeof(*x));
+        if (!x) {
+            return -ENOMEM;
+        }
+        x->type = QCOW2_EXT_BITMAPS;
+        x->next = s->exts;
+        s->exts = x;
+    }
+    free(x->data);
+    x->data = calloc(1, 24);
+    x->len = 24;
+    if (!x->data) {
+        x->len = 0;
+        return -ENOMEM;
+    }
+    qk_be32_put(x->data, n);
+    qk_be64_put(x->data + 8, size);
+    qk_be64_put(x->data + 16, off);
+    return 0;
+}
+
+int coroutine_fn qcow2_bitmaps_store(QkBlock *bs, QkError *err)
+{
+    Qcow2State *s = qcow2_state(bs);
+    if (!s->bm_live || s->read_only) {
+        return 0;
+    }
+    Qcow2BmDir *d = &s->bm_disk;
+    uint32_t n = 0;
+    bool same = true; /* every stored bitmap kept as it is, none added */
+    for (QkDirtyBitmap *bm = bs->dirty_bitmaps; bm; bm = bm->next) {
+        n += bm->persistent;
+        same &= !bm->persistent || (bm->disk_slot && (bm->inconsistent || !bm->changed));
+    }
+    if (same && n == d->n) {
+        return 0;
+    }
+    Qcow2BmEntry *ne = calloc(n ? n : 1, sizeof(*ne));
+    bool *kept = calloc(d->n ? d->n : 1, sizeof(*kept));
+    QkDirtyBitmap **order = calloc(n ? n : 1, sizeof(*order));
+    int r = ne && kept && order ? 0 : -ENOMEM;
+    /* The stored order first, then new bitmaps in the order they were made
+     * (the node's list has the newest first). */
+    uint32_t k = 0;
+    for (uint32_t i = 0; r == 0 && i < d->n; i++) {
+        for (QkDirtyBitmap *bm = bs->dirty_bitmaps; bm; bm = bm->next) {
+            if (bm->persistent && bm->disk_slot == i + 1) {
+                order[k++] = bm;
+            }
+        }
+    }
+    uint32_t first_new = k;
+    for (QkDirtyBitmap *bm = bs->dirty_bitmaps; r == 0 && bm; bm = bm->next) {
+        if (bm->persistent && !bm->disk_slot) {
+            order[k++] = bm;
+        }
+    }
+    for (uint32_t a = first_new, b = k; a + 1 < b; a++, b--) {
+        QkDirtyBitmap *x = order[a];
+        order[a] = order[b - 1];
+        order[b - 1] = x;
+    }
+    uint64_t dir_size = 0;
+    for (uint32_t i = 0; r == 0 && i < n; i++) {
+        QkDirtyBitmap *bm = order[i];
+        const Qcow2BmEntry *old = bm->disk_slot ? &d->e[bm->disk_slot - 1] : NULL;
+        Qcow2BmEntry *e = &ne[i];
+        e->name = bm->name;
+        if (old) {
+            e->extra = old->extra;
+            e->extra_len = old->extra_len;
+        }
+        if (old && (bm->inconsistent || !bm->changed)) {
+            /* As stored: its clusters stay. */
+            e->table_off = old->table_off;
+            e->table_size = old->table_size;
+            e->type = old->type;
+            e->gbits = old->gbits;
+            e->flags = old->flags;
+            kept[bm->disk_slot - 1] = true;
+        } else {
+            e->flags = (bm->enabled ? QCOW2_BME_AUTO : 0) | (old ? old->flags & QCOW2_BME_EXTRA_COMPAT : 0);
+            r = write_bitmap(s, bm, e);
+            if (r < 0) {
+                qk_error_set_errno(err, r, "Could not write bitmap '%s'", bm->name);
+            }
+        }
+        dir_size += qcow2_bitmap_entry_len(e);
+    }
+    uint64_t dir_off = 0;
+    if (r == 0 && n) {
+        uint64_t alloc = qk_align_up(dir_size, s->cluster_size);
+        uint8_t *buf = qk_aligned_zalloc(QK_MAX(4096u, bs->file->mem_alignment), alloc);
+        r = buf ? 0 : -ENOMEM;
+        if (r == 0) {
+            qcow2_bitmap_dir_layout(ne, n, buf);
+            qk_co_mutex_lock(&s->lock);
+            int64_t h = qcow2_alloc_clusters(s, alloc / s->cluster_size);
+            qk_co_mutex_unlock(&s->lock);
+            r = h < 0 ? (int)h : qk_co_pwrite(bs->file, (uint64_t)h, alloc, buf, QK_REQ_KIND(QK_IO_BITMAP));
+            dir_off = h < 0 ? 0 : (uint64_t)h;
+        }
+        free(buf);
+        if (r < 0) {
+            qk_error_set_errno(err, r, "Could not write the bitmap directory");
+        }
+    }
+    /* The new clusters and their counts are durable before the header
+     * points at them. */
+    if (r == 0) {
+        qk_co_mutex_lock(&s->lock);
+        r = qcow2_flush_caches(s);
+        qk_co_mutex_unlock(&s->lock);
+        if (r == 0) {
+            r = qk_co_flush(bs->file);
+        }
+        if (r < 0) {
+            qk_error_set_errno(err, r, "Could not write the bitmaps");
+        }
+    }
+    if (r == 0) {
+        r = set_extension(s, n, dir_size, dir_off);
+        if (r < 0) {
+            qk_error_set(err, r, "out of memory");
+        }
+    }
+    if (r == 0) {
+        Qcow2Header h = s->h;
+        if (n) {
+            h.autoclear_features |= QCOW2_AUTOCLEAR_BITMAPS;
+        } else {
+            h.autoclear_features &= ~QCOW2_AUTOCLEAR_BITMAPS;
+        }
+        r = qcow2_co_rewrite_header(bs, &h, err);
+    }
+    if (r == 0) {
+        /* The header names the new directory: the old one and what only
+         * it referred to can go. A failure here leaks clusters, no more. */
+        for (uint32_t i = 0; i < d->n; i++) {
+            if (!kept[i]) {
+                free_bitmap(s, &d->e[i]);
+            }
+        }
+        if (d->size) {
+            qk_co_mutex_lock(&s->lock);
+            qcow2_free_clusters(s, d->off, qk_align_up(d->size, s->cluster_size));
+            qk_co_mutex_unlock(&s->lock);
+        }
+        /* What is stored now is the baseline for the next store: the
+         * entries get their own copies before the old ones go. */
+        for (uint32_t i = 0; i < n; i++) {
+            ne[i].name = strdup(ne[i].name);
+            if (ne[i].extra_len) {
+                uint8_t *x = malloc(ne[i].extra_len);
+                if (x) {
+                    memcpy(x, ne[i].extra, ne[i].extra_len);
+                }
+                ne[i].extra = x;
+            }
+            order[i]->disk_slot = i + 1;
+            order[i]->changed = order[i]->enabled;
+        }
+        qcow2_bitmap_dir_free(d);
+        d->e = ne;
+        d->n = n;
+        d->off = dir_off;
+        d->size = dir_size;
+        ne = NULL;
+    }
+    free(ne);
+    free(kept);
+    free(order);
+    return r;
+}
