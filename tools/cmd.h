@@ -39,6 +39,7 @@ extern const QkCommand qk_cmd_dd;
 extern const QkCommand qk_cmd_amend;
 extern const QkCommand qk_cmd_compare;
 extern const QkCommand qk_cmd_measure;
+extern const QkCommand qk_cmd_bitmap;
 
 /* Shared helpers for commands (tools/common.c). */
 /* Prints "qcowkit: <msg>" to stderr. */
@@ -47,6 +48,9 @@ void qk_tool_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int qk_tool_parse_size(const char *arg, const char *what, uint64_t *out);
 /* Reports an unknown option / missing argument in getopt style and returns 1. */
 int qk_tool_bad_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A usage error in qemu-img's words (fmt has one %s, for arg), then
+ * "Try 'qcowkit --help' ..."; returns exit status 1. */
+int qk_tool_usage_error(const char *fmt, const char *arg) __attribute__((format(printf, 1, 0)));
 /* An -o boolean (on/yes/true, off/no/false) named name; reports qemu-img's
  * error (after prefix, "" or "FILE: ") and returns -1 on anything else. */
 int qk_tool_parse_bool(const char *prefix, const char *name, const char *v, bool *out);

@@ -73,13 +73,6 @@ static void coroutine_fn convert_co(void *opaque)
 }
 
 /* qemu-img's usage errors: the message, then where to look for help. */
-static int usage_error(const char *fmt, const char *arg)
-{
-    qk_tool_error(fmt, arg);
-    fprintf(stderr, "Try '%s --help' for more information\n", qk_progname);
-    return 1;
-}
-
 static void lock_error(const char *prefix, const char *name)
 {
     qk_tool_error("%sFailed to get \"write\" lock", prefix);
@@ -147,7 +140,7 @@ static int run_convert(int argc, char **argv)
             break;
         case 'o':
             if (nlists == (int)(sizeof(opt_lists) / sizeof(opt_lists[0]))) {
-                return usage_error("too many -o options%s", "");
+                return qk_tool_usage_error("too many -o options%s", "");
             }
             if (!qk_tool_opt_list_valid(optarg)) {
                 qk_tool_error("Invalid option list: %s", optarg);
@@ -186,9 +179,9 @@ static int run_convert(int argc, char **argv)
             fputs(usage_text, stdout);
             return 0;
         case ':':
-            return usage_error("missing argument for option '%s'", argv[optind - 1]);
+            return qk_tool_usage_error("missing argument for option '%s'", argv[optind - 1]);
         default:
-            return usage_error("unrecognized option '%s'", argv[optind - 1]);
+            return qk_tool_usage_error("unrecognized option '%s'", argv[optind - 1]);
         }
     }
     if (!out_fmt) {

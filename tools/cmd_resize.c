@@ -75,22 +75,12 @@ static int parse_size_arg(const char *arg, int *sign, uint64_t *n)
     return 0;
 }
 
-/* Usage errors in qemu-img's words, which scripts may look for. */
-static int usage_error(const char *fmt, const char *arg)
-{
-    fflush(stdout);
-    fprintf(stderr, "%s: ", qk_progname);
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\nTry '%s --help' for more information\n", qk_progname);
-    return 1;
-}
-
 static int run_resize(int argc, char **argv)
 {
     /* The size goes before option parsing, as qemu-img takes it, so that
      * "-1G" is a size and not an option. */
     if (argc < 3) {
-        return usage_error("%s", "Not enough arguments");
+        return qk_tool_usage_error("%s", "Not enough arguments");
     }
     const char *size_arg = argv[argc - 1];
     argc--;
@@ -129,13 +119,13 @@ static int run_resize(int argc, char **argv)
             prealloc_set = true;
             break;
         case ':':
-            return usage_error("option '%s' requires an argument", argv[optind - 1]);
+            return qk_tool_usage_error("option '%s' requires an argument", argv[optind - 1]);
         default:
-            return usage_error("unrecognized option '%s'", argv[optind - 1]);
+            return qk_tool_usage_error("unrecognized option '%s'", argv[optind - 1]);
         }
     }
     if (optind != argc - 1) {
-        return usage_error("%s", "Expecting image file name and size");
+        return qk_tool_usage_error("%s", "Expecting image file name and size");
     }
     const char *filename = argv[optind];
     int sign;

@@ -163,6 +163,15 @@ bool qk_tool_same_file(const char *a, const char *b)
     return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
+int qk_tool_usage_error(const char *fmt, const char *arg)
+{
+    fflush(stdout);
+    fprintf(stderr, "%s: ", qk_progname);
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\nTry '%s --help' for more information\n", qk_progname);
+    return 1;
+}
+
 int qk_tool_parse_bool(const char *prefix, const char *name, const char *v, bool *out)
 {
     if (strcmp(v, "on") == 0 || strcmp(v, "yes") == 0 || strcmp(v, "true") == 0) {

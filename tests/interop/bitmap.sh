@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Persistent dirty bitmaps against QEMU:
+#  - `qcowkit bitmap` against `qemu-img bitmap` on twin images, command by
+#    command (valid and refused operations, several in one call, merges
+#    within and across images, other granularities): same messages (the
+#    node name QEMU prints aside), exit status, `info` and a clean check;
+#  - bitmaps track writes: the same writes, zero writes and discards
+#    through `qcowkit io` and `qemu-io` leave the same dirty ranges, as
+#    qemu-nbd exports them (nbdinfo --map=qemu:dirty-bitmap:NAME), over
+#    several opens, and after a resize;
+#  - a bitmap left in use (after a crash) is kept as it is, refused for
+#    use with QEMU's message, removable; a SIGKILL during writes leaves the
+#    enabled bitmaps in use and the image clean;
+#  - bitmaps this code cannot keep (unknown flags) refuse a read-write open
+#    and the image stays as it was.
+# Exit 0 pass, 1 fail.
+. "$SRC_DIR/tests/interop/snapshot-lib.bash"
+
+norm() { sed -e 's/^qemu-img:/TOOL:/' -e 's/^qcowkit:/TOOL:/' -e "s/persistent in '[^']*'/persistent in NODE/" \
+             -e 's/persistent bitmaps to [^:]*:/persistent bitmaps to NODE:/'; }
+run_both() { # WHAT ARGS... (on ours.qcow2 and theirs.qcow2; IMG stands for the image)
+  local what=$1 a b
+  shift
+  a=$("$QK" bitmap "${@//IMG/ours.qcow2}" 2>&1; echo "rc=$?")
+  b=$(qemu-img bitmap "${@//IMG/theirs.qcow2}" 2>&1; echo "rc=$?")
+  a=$(echo "$a" | sed 's/ours\.qcow2/IMG/g' | norm)
+  b=$(echo "$b" | sed 's/theirs\.qcow2/IMG/g' | norm)
+  [ "$a" = "$b" ] || { bad "$what: bitmap $* differs"; echo "ours: $a"; echo "qemu: $b"; }
+  diff <($QK info ours.qcow2 | mask | grep -v '^image:') <(qemu-img info theirs.qcow2 | mask | grep -v '^image:') \
+    >diff.out || { bad "$what: info after bitmap $* differs"; cat diff.out; }
+  qemu-img check -q ours.qcow2 || bad "$what: check after bitmap $*"
+}
+bmap() { # IMG NAME: the bitmap's dirty ranges as qemu-nbd exports them
+  local sock="$work/nbd-$1.sock"  # one per image: diff runs both at once
+  qemu-nbd -r -t -k "$sock" -f qcow2 -B "$2" "$1" >"nbd-$1.log" 2>&1 &
+  local pid=$! i
+  for i in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+  nbdinfo --map="qemu:dirty-bitmap:$2" "nbd+unix:///?socket=$sock" 2>&1
+  kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -f "$sock"
+}
+same_maps() { # WHAT NAMES...: ours.qcow2 and theirs.qcow2 have the same dirty ranges
+  local what=$1 n
+  shift
+  for n in "$@"; do
+    diff <(bmap ours.qcow2 "$n") <(bmap theirs.qcow2 "$n") >diff.out || { bad "$what: bitmap $n differs"; cat diff.out; }
+  done
+}
+
+# --- the command, step by step ---
+qemu-img create -q -f qcow2 ours.qcow2 64M
+cp ours.qcow2 theirs.qcow2
+qemu-img create -q -f qcow2 src.qcow2 64M
+qemu-img bitmap --add src.qcow2 s
+qemu-io -c 'write 5M 3M' src.qcow2 >/dev/null
+qemu-img create -q -f qcow2 small.qcow2 32M
+qemu-img bitmap --add small.qcow2 s
+qemu-img create -q -f raw plain.raw 16M
+run_both "add" --add IMG a
+run_both "add twice" --add IMG a
+run_both "no op" IMG a
+run_both "no name" --add IMG
+run_both "bad granularity" --add -g 100 IMG g
+run_both "huge granularity" --add -g 4G IMG g
+run_both "small granularity" --add -g 1k IMG g
+run_both "granularity without add" -g 1k --remove IMG g
+run_both "large granularity" --add -g 2M --disable IMG big
+run_both "remove missing" --remove IMG zz
+run_both "clear missing" --clear IMG zz
+run_both "add and remove" --add --remove IMG n
+run_both "disable" --disable IMG a
+run_both "enable" --enable IMG a
+run_both "-F without -b" -F qcow2 --add IMG f
+run_both "-b without merge" --add -b src.qcow2 IMG f2
+run_both "merge missing source" --merge zz IMG a
+run_both "merge into missing" --merge a IMG newone
+run_both "merge within" --merge g IMG big
+run_both "merge across images" --merge s -b src.qcow2 -F qcow2 IMG a
+run_both "merge other size" --merge s -b small.qcow2 IMG a
+run_both "merge missing file" --merge s -b nonexistent.qcow2 IMG a
+run_both "long name" --add IMG "$(printf 'x%.0s' $(seq 1024))"
+run_both "longest name" --add IMG "$(printf 'y%.0s' $(seq 1023))"
+run_both "remove then add" --remove --add IMG g
+run_both "clear" --clear IMG a
+a=$("$QK" bitmap --add -f raw plain.raw x 2>&1 | norm; echo "rc=${PIPESTATUS[0]}")
+b=$(qemu-img bitmap --add -f raw plain.raw x 2>&1 | norm; echo "rc=${PIPESTATUS[0]}")
+[ "$a" = "$b" ] || { bad "bitmap on a raw image differs"; echo "$a"; echo "$b"; }
+qemu-img create -q -f qcow2 -o compat=0.10 v2.qcow2 16M
+a=$("$QK" bitmap --add v2.qcow2 x 2>&1 | norm; echo "rc=${PIPESTATUS[0]}")
+b=$(qemu-img bitmap --add v2.qcow2 x 2>&1 | norm; echo "rc=${PIPESTATUS[0]}")
+[ "$a" = "$b" ] || { bad "bitmap on a v2 image differs"; echo "$a"; echo "$b"; }
+
+# --- tracking writes ---
+for cs in 64k 4k 2M; do
+  rm -f ours.qcow2 theirs.qcow2
+  qemu-img create -q -f qcow2 -o cluster_size=$cs ours.qcow2 64M
+  qemu-img bitmap --add ours.qcow2 def
+  qemu-img bitmap --add -g 512 ours.qcow2 fine
+  qemu-img bitmap --add -g 4M ours.qcow2 coarse
+  qemu-img bitmap --add --disable ours.qcow2 off
+  qemu-io -c 'write -P 1 0 64k' ours.qcow2 >/dev/null
+  cp ours.qcow2 theirs.qcow2
+  w1=(-c 'write -P 2 1M 4k' -c 'write -P 3 1000000 70000' -c 'write -z 10M 128k' -c 'discard 20M 1M')
+  w2=(-c 'write -z -u 30M 3M' -c 'write -P 4 63M 1M' -c 'write -P 5 12345 1')
+  "$QK" io "${w1[@]}" ours.qcow2 >/dev/null || bad "io (cluster $cs)"
+  "$QK" io "${w2[@]}" ours.qcow2 >/dev/null || bad "io (cluster $cs)"
+  qemu-io "${w1[@]}" theirs.qcow2 >/dev/null
+  qemu-io "${w2[@]}" theirs.qcow2 >/dev/null
+  qemu-img check -q ours.qcow2 || bad "check after tracked writes (cluster $cs)"
+  same_info ours.qcow2 "after tracked writes (cluster $cs)"
+  same_maps "tracked writes (cluster $cs)" def fine coarse off
+done
+bmap ours.qcow2 def | grep -q "1048576 .*dirty" || bad "the tracked write at 1M is not dirty: the comparison saw nothing"
+# Resize, then writes in the new area.
+"$QK" resize ours.qcow2 96M >/dev/null && qemu-img resize theirs.qcow2 96M >/dev/null || bad "resize"
+"$QK" io -c 'write -P 6 80M 64k' ours.qcow2 >/dev/null
+qemu-io -c 'write -P 6 80M 64k' theirs.qcow2 >/dev/null
+qemu-img check -q ours.qcow2 || bad "check after a resize"
+same_maps "after a resize" def fine coarse
+
+# --- in use (not saved after a crash) ---
+rm -f ours.qcow2 theirs.qcow2
+qemu-img create -q -f qcow2 ours.qcow2 16M
+qemu-img bitmap --add ours.qcow2 a
+qemu-img bitmap --add ours.qcow2 b
+bitmap_flag ours.qcow2 1
+cp ours.qcow2 theirs.qcow2
+"$QK" io -c 'write 0 64k' ours.qcow2 >/dev/null || bad "write next to an in-use bitmap"
+qemu-io -c 'write 0 64k' theirs.qcow2 >/dev/null
+same_info ours.qcow2 "in use, after a write"
+same_maps "next to an in-use bitmap" b
+for op in --clear --enable --disable "--merge b"; do
+  run_both "in use: $op" $op IMG a
+done
+run_both "in use: remove" --remove IMG a
+
+# SIGKILL while writing: the enabled bitmap is in use, the image checks clean.
+rm -f k.qcow2
+qemu-img create -q -f qcow2 k.qcow2 256M
+qemu-img bitmap --add k.qcow2 live
+qemu-img bitmap --add --disable k.qcow2 frozen
+# Each write is flushed: the stream takes seconds, and the kill lands inside it.
+( for i in $(seq 0 4000); do echo "write -P 7 $(( (i * 65536) % (256 << 20) )) 64k"; echo flush; done ) > script
+"$QK" io k.qcow2 <script >/dev/null 2>&1 &
+pid=$!
+sleep 0.3
+kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+qemu-img check -q k.qcow2 >/dev/null 2>&1; rc=$?
+[ $rc = 0 ] || [ $rc = 3 ] || bad "check after SIGKILL exited $rc"
+qemu-img info k.qcow2 >info.txt
+grep -A4 '\[0\]:' info.txt | grep -q 'in-use' || { bad "the live bitmap is not in use after SIGKILL"; cat info.txt; }
+grep -A6 '\[1\]:' info.txt | grep -q 'in-use' && { bad "the disabled bitmap became in use"; cat info.txt; }
+
+# --- bitmaps we cannot keep: the read-write open is refused ---
+rm -f u.qcow2
+qemu-img create -q -f qcow2 u.qcow2 16M
+qemu-img bitmap --add u.qcow2 a
+bitmap_flag u.qcow2 16
+cp u.qcow2 u.before
+out=$("$QK" io -c 'write 0 4k' u.qcow2 2>&1) && bad "opened read-write over a bitmap with unknown flags"
+echo "$out" | grep -q "unknown flags" || { bad "unknown flags message"; echo "$out"; }
+cmp -s u.qcow2 u.before || bad "a refused open changed the image"
+"$QK" info u.qcow2 >/dev/null || bad "info (read-only) refused an image with unknown bitmap flags"
+exit $fail
