@@ -48,7 +48,7 @@ int coroutine_fn qk_co_daemon_add_export(QkDaemon *d, const QkExportSpec *spec, 
     if (qk_nbd_server_find_export(d->srv, spec->name)) {
         return qk_error_set(err, -EEXIST, "export '%s' already exists", spec->name);
     }
-    QkOpenOptions o = {.flags = spec->readonly ? 0 : QK_OPEN_RDWR, .format = spec->format,
+    QkOpenOptions o = {.flags = (spec->readonly ? 0 : QK_OPEN_RDWR) | QK_OPEN_LOAD_BITMAPS, .format = spec->format,
                        .cache_size = spec->cache_size};
     if (spec->cache && qk_cache_mode_parse(spec->cache, &o.flags) < 0) {
         return qk_error_set(err, -EINVAL, "invalid cache mode '%s'", spec->cache);

@@ -7,6 +7,7 @@
  */
 #include "nbd/proto.h"
 #include "nbd/server_int.h"
+#include "block/dirty_bitmap.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -161,16 +162,87 @@ static int coroutine_fn opt_list(QkNbdClient *c, uint32_t len)
     return r < 0 ? r : opt_reply(c, NBD_OPT_LIST, NBD_REP_ACK, NULL, 0);
 }
 
+/* The bitmaps an export offers as qemu:dirty-bitmap:NAME: its image's
+ * persistent bitmaps that can be used (not left in use by a crash). */
+static bool offered(const QkDirtyBitmap *bm)
+{
+    return bm->persistent && !bm->inconsistent && bm->name;
+}
+
 typedef struct MetaMatch {
+    bool list;
+    QkBlock *bs;
     bool base_alloc;
+    bool all_bitmaps;
+    char **bitmaps;             /* named ones, in query order */
+    unsigned nbitmaps;
+    bool oom;
 } MetaMatch;
+
+static void add_bitmap(MetaMatch *m, const char *name, uint32_t len)
+{
+    for (unsigned i = 0; i < m->nbitmaps; i++) {
+        if (strlen(m->bitmaps[i]) == len && memcmp(m->bitmaps[i], name, len) == 0) {
+            return;
+        }
+    }
+    char **nb = realloc(m->bitmaps, (m->nbitmaps + 1) * sizeof(*nb));
+    char *copy = nb ? strndup(name, len) : NULL;
+    if (!copy) {
+        m->bitmaps = nb ? nb : m->bitmaps;
+        m->oom = true;
+        return;
+    }
+    m->bitmaps = nb;
+    m->bitmaps[m->nbitmaps++] = copy;
+}
 
 static void meta_query(void *opaque, const char *q, uint32_t qlen)
 {
     MetaMatch *m = opaque;
+    static const char qemu[] = "qemu:", dirty[] = QK_NBD_META_DIRTY_BITMAP;
     if (qk_nbd_query_matches_base_allocation(q, qlen)) {
         m->base_alloc = true;
+    } else if (qlen == sizeof(qemu) - 1 && memcmp(q, qemu, qlen) == 0) {
+        m->all_bitmaps |= m->list; /* a bare namespace lists, never selects */
+    } else if (qlen >= sizeof(dirty) - 1 && memcmp(q, dirty, sizeof(dirty) - 1) == 0) {
+        const char *name = q + sizeof(dirty) - 1;
+        uint32_t nlen = qlen - (uint32_t)(sizeof(dirty) - 1);
+        if (nlen == 0) {
+            m->all_bitmaps |= m->list;
+            return;
+        }
+        for (QkDirtyBitmap *bm = m->bs->dirty_bitmaps; bm; bm = bm->next) {
+            if (offered(bm) && strlen(bm->name) == nlen && memcmp(bm->name, name, nlen) == 0) {
+                add_bitmap(m, name, nlen);
+            }
+        }
     }
+}
+
+static void free_names(char **names, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) {
+        free(names[i]);
+    }
+    free(names);
+}
+
+static int coroutine_fn reply_context(QkNbdClient *c, uint32_t opt, uint32_t id, const char *prefix, const char *name)
+{
+    size_t pl = strlen(prefix), nl = name ? strlen(name) : 0;
+    uint8_t *buf = malloc(4 + pl + nl);
+    if (!buf) {
+        return -ENOMEM;
+    }
+    qk_be32_put(buf, opt == NBD_OPT_SET_META_CONTEXT ? id : 0);
+    memcpy(buf + 4, prefix, pl);
+    if (nl) {
+        memcpy(buf + 4 + pl, name, nl);
+    }
+    int r = opt_reply(c, opt, NBD_REP_META_CONTEXT, buf, (uint32_t)(4 + pl + nl));
+    free(buf);
+    return r;
 }
 
 static int coroutine_fn opt_meta(QkNbdClient *c, uint32_t opt, const uint8_t *data, uint32_t len)
@@ -179,27 +251,54 @@ static int coroutine_fn opt_meta(QkNbdClient *c, uint32_t opt, const uint8_t *da
         return opt_error(c, opt, NBD_REP_ERR_INVALID, "structured replies not negotiated");
     }
     QkNbdMetaRequest rq;
-    MetaMatch m = {false};
-    if (qk_nbd_parse_meta_request(data, len, &rq, meta_query, &m) < 0) {
+    /* The export is named before the queries: find it first. */
+    if (qk_nbd_parse_meta_request(data, len, &rq, NULL, NULL) < 0) {
         return opt_error(c, opt, NBD_REP_ERR_INVALID, "malformed meta context request");
     }
-    if (!qk_nbd_lookup(c->srv, rq.name, rq.name_len)) {
+    QkNbdExport *exp = qk_nbd_lookup(c->srv, rq.name, rq.name_len);
+    if (!exp) {
         return opt_error(c, opt, NBD_REP_ERR_UNKNOWN, "no such export");
     }
-    if (opt == NBD_OPT_LIST_META_CONTEXT && rq.nqueries == 0) {
+    MetaMatch m = {.list = opt == NBD_OPT_LIST_META_CONTEXT, .bs = exp->bs};
+    qk_nbd_parse_meta_request(data, len, &rq, meta_query, &m);
+    if (m.list && rq.nqueries == 0) {
         m.base_alloc = true;
+        m.all_bitmaps = true;
+    }
+    if (m.all_bitmaps) {
+        /* Oldest first: the node keeps the newest at the head. */
+        unsigned total = 0;
+        for (QkDirtyBitmap *bm = exp->bs->dirty_bitmaps; bm; bm = bm->next) {
+            total += offered(bm);
+        }
+        for (unsigned k = total; k > 0; k--) {
+            unsigned i = 0;
+            for (QkDirtyBitmap *bm = exp->bs->dirty_bitmaps; bm; bm = bm->next) {
+                if (offered(bm) && ++i == k) {
+                    add_bitmap(&m, bm->name, (uint32_t)strlen(bm->name));
+                }
+            }
+        }
+    }
+    if (m.oom) {
+        free_names(m.bitmaps, m.nbitmaps);
+        return -ENOMEM;
+    }
+    int r = 0;
+    /* The ids only mean something after SET; LIST answers 0. */
+    if (m.base_alloc) {
+        r = reply_context(c, opt, 1, QK_NBD_META_BASE_ALLOCATION, NULL);
+    }
+    for (unsigned i = 0; r == 0 && i < m.nbitmaps; i++) {
+        r = reply_context(c, opt, 2 + i, QK_NBD_META_DIRTY_BITMAP, m.bitmaps[i]);
     }
     if (opt == NBD_OPT_SET_META_CONTEXT) {
         c->base_alloc = m.base_alloc;
-    }
-    int r = 0;
-    if (m.base_alloc) {
-        static const char name[] = QK_NBD_META_BASE_ALLOCATION;
-        uint8_t buf[4 + sizeof(name) - 1];
-        /* The id only means something after SET; LIST answers 0. */
-        qk_be32_put(buf, opt == NBD_OPT_SET_META_CONTEXT ? 1 : 0);
-        memcpy(buf + 4, name, sizeof(name) - 1);
-        r = opt_reply(c, opt, NBD_REP_META_CONTEXT, buf, sizeof(buf));
+        free_names(c->bitmaps, c->nbitmaps);
+        c->bitmaps = m.bitmaps;
+        c->nbitmaps = m.nbitmaps;
+    } else {
+        free_names(m.bitmaps, m.nbitmaps);
     }
     return r < 0 ? r : opt_reply(c, opt, NBD_REP_ACK, NULL, 0);
 }

@@ -118,6 +118,8 @@
 /* Option payloads beyond this are hostile: strings are at most 4 KiB. */
 #define QK_NBD_MAX_OPTION  (64u << 10)
 #define QK_NBD_META_BASE_ALLOCATION "base:allocation"
+#define QK_NBD_META_DIRTY_BITMAP "qemu:dirty-bitmap:"
+#define NBD_STATE_DIRTY (1u << 0)   /* qemu:dirty-bitmap contexts */
 
 /* A parsed transmission request. */
 typedef struct QkNbdRequest {

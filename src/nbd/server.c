@@ -180,6 +180,10 @@ static void coroutine_fn client_entry(void *opaque)
     srv->nclients--;
     close(c->fd);
     free(c->rd);
+    for (unsigned i = 0; i < c->nbitmaps; i++) {
+        free(c->bitmaps[i]);
+    }
+    free(c->bitmaps);
     free(c);
     qk_co_queue_wake_all(&srv->clients_gone);
 }

@@ -15,6 +15,10 @@ typedef struct QkNbdClient {
     QkNbdExport *exp;           /* set when transmission starts */
     bool structured;
     bool base_alloc;            /* base:allocation selected */
+    /* qemu:dirty-bitmap:NAME contexts selected, context ids 2, 3, ...
+     * (names: the bitmap may be removed while the client is connected). */
+    char **bitmaps;
+    unsigned nbitmaps;
     bool no_zeroes;
     bool closing;               /* stop reading requests, answer what is in flight */
     bool dead;                  /* the socket failed: replies are dropped */

@@ -11,6 +11,7 @@
 #include "nbd/proto.h"
 #include "nbd/server_int.h"
 #include "aio/coroutine.h"
+#include "block/dirty_bitmap.h"
 #include "util/checked.h"
 
 #include <errno.h>
@@ -24,7 +25,6 @@
 #define SPARSE_READ_MIN (64u * 1024)
 #define MAX_READ_SEGMENTS 64
 #define MAX_EXTENTS 1024
-#define META_CONTEXT_ID 1
 
 typedef struct Req {
     QkNbdClient *c;
@@ -111,7 +111,7 @@ static int validate(QkNbdClient *c, const QkNbdRequest *r)
     if (is_write_type(r->type) && c->exp->readonly) {
         return -EPERM;
     }
-    if (r->type == NBD_CMD_BLOCK_STATUS && (!c->base_alloc || r->length == 0)) {
+    if (r->type == NBD_CMD_BLOCK_STATUS && ((!c->base_alloc && !c->nbitmaps) || r->length == 0)) {
         return -EINVAL;
     }
     int64_t size = qk_block_length(c->exp->bs);
@@ -218,25 +218,47 @@ static int coroutine_fn do_read(Req *q, QkBlock *bs)
     return ret;
 }
 
-static int coroutine_fn do_block_status(Req *q, QkBlock *bs)
+/* One BLOCK_STATUS chunk: id, then n (length, flags) extents in out. */
+static int coroutine_fn send_status(QkNbdClient *c, const QkNbdRequest *r, uint32_t id, uint8_t *out, unsigned n,
+                                    bool last)
 {
-    QkNbdClient *c = q->c;
-    const QkNbdRequest *r = &q->r;
-    unsigned max = (r->flags & NBD_CMD_FLAG_REQ_ONE) ? 1 : MAX_EXTENTS;
-    uint8_t *out = malloc(4 + 8 * (size_t)max);
-    if (!out) {
-        return send_error(c, r, -ENOMEM);
+    uint32_t plen = 4 + 8 * n;
+    qk_be32_put(out, id);
+    uint8_t h[NBD_CHUNK_HEADER_SIZE];
+    qk_nbd_chunk_header(h, last ? NBD_REPLY_FLAG_DONE : 0, NBD_REPLY_TYPE_BLOCK_STATUS, r->cookie, plen);
+    struct iovec iov[2] = {{h, sizeof(h)}, {out, plen}};
+    return send_iov(c, iov, 2);
+}
+
+/* Appends an extent, merged with the last one when the flags agree;
+ * false when out is full. */
+static bool add_extent(uint8_t *out, unsigned *n, unsigned max, uint64_t len, uint32_t fl)
+{
+    if (*n > 0 && qk_be32_get(out + 4 + 8 * (*n - 1) + 4) == fl) {
+        uint8_t *d = out + 4 + 8 * (*n - 1);
+        qk_be32_put(d, qk_be32_get(d) + (uint32_t)len);
+        return true;
     }
-    unsigned n = 0;
-    uint32_t prev_flags = 0;
+    if (*n == max) {
+        return false;
+    }
+    uint8_t *d = out + 4 + 8 * (*n)++;
+    qk_be32_put(d, (uint32_t)len);
+    qk_be32_put(d + 4, fl);
+    return true;
+}
+
+/* base:allocation extents of [offset, offset + length). */
+static int coroutine_fn alloc_extents(QkBlock *bs, const QkNbdRequest *r, uint8_t *out, unsigned max, unsigned *n)
+{
     uint64_t pos = r->offset, end = r->offset + r->length;
-    int ret = 0;
+    *n = 0;
     while (pos < end) {
         uint64_t pnum;
         int depth;
-        ret = qk_co_block_status_above(bs, pos, end - pos, &pnum, &depth);
+        int ret = qk_co_block_status_above(bs, pos, end - pos, &pnum, &depth);
         if (ret < 0) {
-            break;
+            return ret;
         }
         if (pnum == 0) {
             pnum = end - pos;
@@ -248,29 +270,59 @@ static int coroutine_fn do_block_status(Req *q, QkBlock *bs)
             fl |= (ret & QK_BS_DATA) ? 0 : NBD_STATE_HOLE;
             fl |= (ret & QK_BS_ZERO) ? NBD_STATE_ZERO : 0;
         }
-        if (n > 0 && fl == prev_flags) {
-            uint8_t *d = out + 4 + 8 * (n - 1);
-            qk_be32_put(d, qk_be32_get(d) + (uint32_t)pnum);
-        } else if (n < max) {
-            uint8_t *d = out + 4 + 8 * n++;
-            qk_be32_put(d, (uint32_t)pnum);
-            qk_be32_put(d + 4, fl);
-            prev_flags = fl;
-        } else {
+        if (!add_extent(out, n, max, pnum, fl)) {
             break;
         }
         pos += pnum;
     }
-    if (ret < 0) {
-        free(out);
-        return send_error(c, r, ret);
+    return 0;
+}
+
+/* qemu:dirty-bitmap extents: dirty (1) or clean (0) runs of the bitmap
+ * (a bitmap removed since the client chose it reads as all clean). */
+static void bitmap_extents(QkBlock *bs, const char *name, const QkNbdRequest *r, uint8_t *out, unsigned max,
+                           unsigned *n)
+{
+    QkDirtyBitmap *bm = qk_dirty_bitmap_find(bs, name);
+    uint64_t pos = r->offset, end = r->offset + r->length;
+    *n = 0;
+    while (pos < end) {
+        bool dirty = bm && qk_dirty_bitmap_get(bm, pos);
+        uint64_t next = !bm ? UINT64_MAX : dirty ? qk_dirty_bitmap_next_clean(bm, pos) : qk_dirty_bitmap_next_dirty(bm, pos);
+        uint64_t stop = next == UINT64_MAX || next > end ? end : next;
+        if (stop <= pos) {
+            stop = end;
+        }
+        if (!add_extent(out, n, max, stop - pos, dirty ? NBD_STATE_DIRTY : 0)) {
+            break;
+        }
+        pos = stop;
     }
-    uint32_t plen = 4 + 8 * n;
-    qk_be32_put(out, META_CONTEXT_ID);
-    uint8_t h[NBD_CHUNK_HEADER_SIZE];
-    qk_nbd_chunk_header(h, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_BLOCK_STATUS, r->cookie, plen);
-    struct iovec iov[2] = {{h, sizeof(h)}, {out, plen}};
-    ret = send_iov(c, iov, 2);
+}
+
+static int coroutine_fn do_block_status(Req *q, QkBlock *bs)
+{
+    QkNbdClient *c = q->c;
+    const QkNbdRequest *r = &q->r;
+    unsigned max = (r->flags & NBD_CMD_FLAG_REQ_ONE) ? 1 : MAX_EXTENTS;
+    uint8_t *out = malloc(4 + 8 * (size_t)max);
+    if (!out) {
+        return send_error(c, r, -ENOMEM);
+    }
+    unsigned n;
+    int ret = 0;
+    if (c->base_alloc) {
+        ret = alloc_extents(bs, r, out, max, &n);
+        if (ret < 0) {
+            free(out);
+            return send_error(c, r, ret);
+        }
+        ret = send_status(c, r, 1, out, n, c->nbitmaps == 0);
+    }
+    for (unsigned i = 0; ret == 0 && i < c->nbitmaps; i++) {
+        bitmap_extents(bs, c->bitmaps[i], r, out, max, &n);
+        ret = send_status(c, r, 2 + i, out, n, i + 1 == c->nbitmaps);
+    }
     free(out);
     return ret;
 }
