@@ -15,7 +15,6 @@
 #include "util/size.h"
 
 #include <getopt.h>
-#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,27 +76,6 @@ static uint64_t default_granularity(QkBlock *bs)
     return g < 4096 ? 4096 : g > 65536 ? 65536 : g;
 }
 
-static int merge(QkDirtyBitmap *dst, const QkDirtyBitmap *src, QkError *err)
-{
-    if (dst->size != src->size) {
-        return qk_error_set(err, -EINVAL,
-                            "Bitmaps are of different sizes (destination size is %" PRIu64
-                            ", source size is %" PRIu64 ") and can't be merged", dst->size, src->size);
-    }
-    if (dst->granularity == src->granularity) {
-        return qk_dirty_bitmap_merge(dst, src, err);
-    }
-    /* Different granularities: every dirty range of src, widened to dst's. */
-    for (uint64_t off = qk_dirty_bitmap_next_dirty(src, 0); off != UINT64_MAX && off < src->size;) {
-        uint64_t end = qk_dirty_bitmap_next_clean(src, off);
-        end = end == UINT64_MAX || end > src->size ? src->size : end;
-        qk_dirty_bitmap_mark(dst, off, end - off);
-        off = end < src->size ? qk_dirty_bitmap_next_dirty(src, end) : UINT64_MAX;
-    }
-    dst->changed = true;
-    return 0;
-}
-
 static int run_op(QkBlock *bs, QkBlock *src_bs, const Op *op, const char *name, uint64_t granularity, QkError *err)
 {
     QkDirtyBitmap *bm;
@@ -148,7 +126,7 @@ static int run_op(QkBlock *bs, QkBlock *src_bs, const Op *op, const char *name, 
             return err->code;
         }
         QkDirtyBitmap *src = find_usable(src_bs ? src_bs : bs, op->src, err);
-        return src ? merge(bm, src, err) : err->code;
+        return src ? qk_dirty_bitmap_merge(bm, src, err) : err->code;
     }
     }
 }

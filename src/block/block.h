@@ -21,6 +21,7 @@
 
 typedef struct QkBlock QkBlock;
 typedef struct QkBlockDriver QkBlockDriver;
+struct QkDirtyBitmap;
 typedef struct QkSnapshotInfo QkSnapshotInfo; /* block/snapshot.h */
 
 /* Open flags. */
@@ -210,6 +211,9 @@ struct QkBlockDriver {
     /* Whether a new persistent bitmap can be stored (NULL: never); the
      * message says why not. */
     int (*bitmap_can_store)(QkBlock *bs, const char *name, uint64_t granularity, QkError *err);
+    /* Before a persistent bitmap stops matching its stored copy (NULL:
+     * nothing stored to protect). */
+    int coroutine_fn (*co_bitmap_begin_change)(QkBlock *bs, struct QkDirtyBitmap *bm, QkError *err);
 };
 
 struct QkBlock {

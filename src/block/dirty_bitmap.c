@@ -7,6 +7,7 @@
 #include "util/checked.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -102,8 +103,22 @@ void qk_dirty_bitmap_clear(QkDirtyBitmap *bm)
 
 int qk_dirty_bitmap_merge(QkDirtyBitmap *dst, const QkDirtyBitmap *src, QkError *err)
 {
-    if (dst->granularity != src->granularity || !qk_hbitmap_merge(dst->bits, src->bits)) {
-        return qk_error_set(err, -EINVAL, "Bitmaps are incompatible (size or granularity differ)");
+    if (dst->size != src->size) {
+        return qk_error_set(err, -EINVAL,
+                            "Bitmaps are of different sizes (destination size is %" PRIu64
+                            ", source size is %" PRIu64 ") and can't be merged", dst->size, src->size);
+    }
+    if (dst->granularity == src->granularity) {
+        qk_hbitmap_merge(dst->bits, src->bits);
+    } else {
+        /* Every dirty range of src, widened to dst's granularity. */
+        for (uint64_t off = qk_dirty_bitmap_next_dirty(src, 0); off != UINT64_MAX && off < src->size;) {
+            uint64_t end = qk_dirty_bitmap_next_clean(src, off);
+            end = end == UINT64_MAX || end > src->size ? src->size : end;
+            uint64_t first = off / dst->granularity;
+            qk_hbitmap_set(dst->bits, first, QK_DIV_ROUND_UP(end, dst->granularity) - first);
+            off = end < src->size ? qk_dirty_bitmap_next_dirty(src, end) : UINT64_MAX;
+        }
     }
     dst->changed = true;
     return 0;

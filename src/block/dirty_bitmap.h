@@ -42,7 +42,7 @@ void qk_dirty_bitmap_remove_all(QkBlock *bs);
 
 void qk_dirty_bitmap_set_enabled(QkDirtyBitmap *bm, bool enabled);
 void qk_dirty_bitmap_clear(QkDirtyBitmap *bm);
-/* dst |= src (same size and granularity). */
+/* dst |= src: same size; granularities may differ (src's ranges widened to dst's). */
 int qk_dirty_bitmap_merge(QkDirtyBitmap *dst, const QkDirtyBitmap *src, QkError *err);
 
 /* Byte-range operations (ranges are widened to granularity). */

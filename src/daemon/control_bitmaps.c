@@ -1,8 +1,12 @@
 /*
  * Control commands for dirty bitmaps on exported images:
  * block-dirty-bitmap-add/remove/clear/enable/disable/merge/query.
- * Bitmaps live on the export's node (in memory), so they follow the node:
- * after a mirror switches an export, bitmaps start afresh on the target.
+ * Bitmaps live on the export's node, so they follow the node: after a
+ * mirror switches an export, bitmaps start afresh on the target.
+ * Persistent ones (loaded from the image, or added with "persistent") are
+ * stored in the image when the export goes; one that stops matching its
+ * stored copy (enabled, cleared, merged into) is first marked in use
+ * there, so a crash never leaves a stale copy that looks valid.
  *
  * Owns: the JSON shape of bitmaps. Must not know the socket framing.
  */
@@ -40,14 +44,27 @@ static QkDirtyBitmap *find_bitmap(QkBlock *bs, json_t *args, const char *key, Qk
     return bm;
 }
 
+/* A bitmap about to change: usable, not busy, its stored copy marked. */
+static int coroutine_fn begin_change(QkBlock *bs, QkDirtyBitmap *bm, QkError *err)
+{
+    if (bm->inconsistent) {
+        return qk_error_set(err, -EINVAL, "Bitmap '%s' is inconsistent and cannot be used", bm->name);
+    }
+    if (bm->busy) {
+        return qk_error_set(err, -EBUSY, "Bitmap '%s' is in use", bm->name);
+    }
+    return bs->drv->co_bitmap_begin_change ? bs->drv->co_bitmap_begin_change(bs, bm, err) : 0;
+}
+
 static json_t *coroutine_fn cmd_add(QkDaemon *d, json_t *args, QkError *err)
 {
     const char *name;
-    bool disabled = false;
+    bool disabled = false, persistent = false;
     uint64_t gran = 65536;
     QkBlock *bs = export_node(d, args, err);
     if (!bs || qk_control_arg_string(args, "name", true, &name, err) < 0 ||
-        qk_control_arg_bool(args, "disabled", &disabled, err) < 0) {
+        qk_control_arg_bool(args, "disabled", &disabled, err) < 0 ||
+        qk_control_arg_bool(args, "persistent", &persistent, err) < 0) {
         return NULL;
     }
     json_t *g = json_object_get(args, "granularity");
@@ -59,10 +76,23 @@ static json_t *coroutine_fn cmd_add(QkDaemon *d, json_t *args, QkError *err)
             return NULL;
         }
     }
+    if (persistent && qk_dirty_bitmap_find(bs, name)) {
+        qk_error_set(err, -EEXIST, "Bitmap already exists: %s", name);
+        return NULL;
+    }
+    if (persistent && !bs->drv->bitmap_can_store) {
+        qk_error_set(err, -ENOTSUP, "Can't store persistent bitmaps to %s: Operation not supported", bs->filename);
+        return NULL;
+    }
+    if (persistent && bs->drv->bitmap_can_store(bs, name, gran, err) < 0) {
+        return NULL;
+    }
     QkDirtyBitmap *bm = qk_dirty_bitmap_add(bs, name, gran, err);
     if (!bm) {
         return NULL;
     }
+    bm->persistent = persistent;
+    bm->changed = true;
     qk_dirty_bitmap_set_enabled(bm, !disabled);
     return json_object();
 }
@@ -81,11 +111,7 @@ static json_t *coroutine_fn cmd_clear(QkDaemon *d, json_t *args, QkError *err)
 {
     QkBlock *bs = export_node(d, args, err);
     QkDirtyBitmap *bm = bs ? find_bitmap(bs, args, "name", err) : NULL;
-    if (!bm) {
-        return NULL;
-    }
-    if (bm->busy) {
-        qk_error_set(err, -EBUSY, "Bitmap '%s' is in use", bm->name);
+    if (!bm || begin_change(bs, bm, err) < 0) {
         return NULL;
     }
     qk_dirty_bitmap_clear(bm);
@@ -96,11 +122,7 @@ static json_t *coroutine_fn set_enabled(QkDaemon *d, json_t *args, bool on, QkEr
 {
     QkBlock *bs = export_node(d, args, err);
     QkDirtyBitmap *bm = bs ? find_bitmap(bs, args, "name", err) : NULL;
-    if (!bm) {
-        return NULL;
-    }
-    if (bm->busy) {
-        qk_error_set(err, -EBUSY, "Bitmap '%s' is in use", bm->name);
+    if (!bm || (bm->enabled != on && begin_change(bs, bm, err) < 0)) {
         return NULL;
     }
     qk_dirty_bitmap_set_enabled(bm, on);
@@ -140,10 +162,13 @@ static json_t *coroutine_fn cmd_merge(QkDaemon *d, json_t *args, QkError *err)
             qk_error_set(err, -ENOENT, "Dirty bitmap '%s' not found", n ? n : "(not a string)");
             return NULL;
         }
-        if (s->granularity != dst->granularity) {
-            qk_error_set(err, -EINVAL, "Bitmaps are incompatible (size or granularity differ)");
+        if (s->inconsistent) {
+            qk_error_set(err, -EINVAL, "Bitmap '%s' is inconsistent and cannot be used", s->name);
             return NULL;
         }
+    }
+    if (begin_change(bs, dst, err) < 0) {
+        return NULL;
     }
     json_array_foreach(srcs, i, v) {
         if (qk_dirty_bitmap_merge(dst, qk_dirty_bitmap_find(bs, json_string_value(v)), err) < 0) {
@@ -168,19 +193,21 @@ static json_t *coroutine_fn cmd_query(QkDaemon *d, json_t *args, QkError *err)
             if (!bm->name) {
                 continue; /* a job's own bitmap */
             }
-            json_array_append_new(list, json_pack("{s:s,s:s,s:I,s:I,s:b,s:b}",
+            json_array_append_new(list, json_pack("{s:s,s:s,s:I,s:I,s:b,s:b,s:b,s:b}",
                                                   "export", e->name,
                                                   "name", bm->name,
                                                   "granularity", (json_int_t)bm->granularity,
                                                   "count", (json_int_t)qk_dirty_bitmap_dirty_bytes(bm),
                                                   "enabled", bm->enabled,
-                                                  "busy", bm->busy > 0));
+                                                  "busy", bm->busy > 0,
+                                                  "persistent", bm->persistent,
+                                                  "inconsistent", bm->inconsistent));
         }
     }
     return list;
 }
 
-static const char *const add_params[] = {"export", "name", "granularity", "disabled", NULL};
+static const char *const add_params[] = {"export", "name", "granularity", "disabled", "persistent", NULL};
 static const char *const name_params[] = {"export", "name", NULL};
 static const char *const merge_params[] = {"export", "target", "bitmaps", NULL};
 static const char *const query_params[] = {"export", NULL};

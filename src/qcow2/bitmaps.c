@@ -46,6 +46,8 @@ static uint64_t table_entries(const Qcow2State *s, uint64_t disk, unsigned gbits
 void qcow2_bitmaps_forget(Qcow2State *s)
 {
     qcow2_bitmap_dir_free(&s->bm_disk);
+    free(s->bm_disk_flags);
+    s->bm_disk_flags = NULL;
     s->bm_live = false;
 }
 
@@ -163,17 +165,49 @@ static int check_entry(Qcow2State *s, const Qcow2BmEntry *e, QkError *err)
     return 0;
 }
 
-/* Writes the directory in place with the flags of d (same size and place). */
-static int coroutine_fn rewrite_dir_in_place(Qcow2State *s, const Qcow2BmDir *d)
+/* Writes the stored directory in place (same size and place) with the
+ * flags of s->bm_disk_flags, then flushes: in use is durable before the
+ * change it announces. d->e keeps the flags as stored, which a bitmap
+ * that does not change keeps at the next store. */
+static int coroutine_fn write_disk_flags(Qcow2State *s)
 {
+    Qcow2BmDir *d = &s->bm_disk;
     uint8_t *buf = calloc(1, d->size);
-    if (!buf) {
-        return -ENOMEM;
+    uint32_t *stored = calloc(d->n ? d->n : 1, sizeof(*stored));
+    int r = buf && stored ? 0 : -ENOMEM;
+    if (r == 0) {
+        for (uint32_t i = 0; i < d->n; i++) {
+            stored[i] = d->e[i].flags;
+            d->e[i].flags = s->bm_disk_flags[i];
+        }
+        qcow2_bitmap_dir_layout(d->e, d->n, buf);
+        for (uint32_t i = 0; i < d->n; i++) {
+            d->e[i].flags = stored[i];
+        }
+        r = qk_co_pwrite(s->bs->file, d->off, d->size, buf, QK_REQ_KIND(QK_IO_BITMAP));
     }
-    qcow2_bitmap_dir_layout(d->e, d->n, buf);
-    int r = qk_co_pwrite(s->bs->file, d->off, d->size, buf, QK_REQ_KIND(QK_IO_BITMAP));
     free(buf);
+    free(stored);
     return r < 0 ? r : qk_co_flush(s->bs->file);
+}
+
+int coroutine_fn qcow2_bitmap_begin_change(QkBlock *bs, QkDirtyBitmap *bm, QkError *err)
+{
+    Qcow2State *s = qcow2_state(bs);
+    if (!bm->persistent || !bm->disk_slot || !s->bm_live || !s->bm_disk_flags) {
+        return 0; /* not stored yet: nothing on disk to go stale */
+    }
+    uint32_t *f = &s->bm_disk_flags[bm->disk_slot - 1];
+    if (*f & QCOW2_BME_IN_USE) {
+        return 0;
+    }
+    *f |= QCOW2_BME_IN_USE;
+    int r = write_disk_flags(s);
+    if (r < 0) {
+        *f &= ~QCOW2_BME_IN_USE;
+        return qk_error_set_errno(err, r, "Could not mark bitmap '%s' in use", bm->name);
+    }
+    return 0;
 }
 
 int qcow2_bitmap_can_store(QkBlock *bs, const char *name, uint64_t granularity, QkError *err)
@@ -259,33 +293,24 @@ int coroutine_fn qcow2_bitmaps_open(QkBlock *bs, QkError *err)
     }
     if (r == 0 && !s->read_only) {
         /* Enabled bitmaps change with the first write: in use on disk first. */
+        s->bm_disk_flags = calloc(d->n ? d->n : 1, sizeof(*s->bm_disk_flags));
+        r = s->bm_disk_flags ? 0 : -ENOMEM;
         bool any = false;
-        Qcow2BmDir m = *d;
-        uint32_t *saved = calloc(d->n ? d->n : 1, sizeof(*saved));
-        r = saved ? 0 : -ENOMEM;
+        for (uint32_t i = 0; r == 0 && i < d->n; i++) {
+            s->bm_disk_flags[i] = d->e[i].flags;
+        }
         for (QkDirtyBitmap *bm = bs->dirty_bitmaps; r == 0 && bm; bm = bm->next) {
-            if (bm->persistent && bm->enabled) {
+            if (bm->persistent && bm->enabled && !(s->bm_disk_flags[bm->disk_slot - 1] & QCOW2_BME_IN_USE)) {
+                s->bm_disk_flags[bm->disk_slot - 1] |= QCOW2_BME_IN_USE;
                 any = true;
             }
         }
         if (r == 0 && any) {
-            for (uint32_t i = 0; i < d->n; i++) {
-                saved[i] = d->e[i].flags;
-            }
-            for (QkDirtyBitmap *bm = bs->dirty_bitmaps; bm; bm = bm->next) {
-                if (bm->persistent && bm->enabled) {
-                    m.e[bm->disk_slot - 1].flags |= QCOW2_BME_IN_USE;
-                }
-            }
-            r = rewrite_dir_in_place(s, &m);
-            for (uint32_t i = 0; i < d->n; i++) {
-                d->e[i].flags = saved[i]; /* the directory as it was stored, for reuse at close */
-            }
+            r = write_disk_flags(s);
             if (r < 0) {
                 qk_error_set_errno(err, r, "Could not mark the bitmaps in use");
             }
         }
-        free(saved);
     }
     if (r < 0) {
         for (QkDirtyBitmap *bm = bs->dirty_bitmaps, *next; bm; bm = next) {
@@ -573,6 +598,11 @@ int coroutine_fn qcow2_bitmaps_store(QkBlock *bs, QkError *err)
         d->off = dir_off;
         d->size = dir_size;
         ne = NULL;
+        free(s->bm_disk_flags);
+        s->bm_disk_flags = calloc(n ? n : 1, sizeof(*s->bm_disk_flags));
+        for (uint32_t i = 0; s->bm_disk_flags && i < n; i++) {
+            s->bm_disk_flags[i] = d->e[i].flags;
+        }
     }
     free(ne);
     free(kept);

@@ -405,4 +405,5 @@ const QkBlockDriver qk_drv_qcow2 = {
     .co_change_backing = qcow2_co_change_backing,
     .co_amend = qcow2_co_amend,
     .bitmap_can_store = qcow2_bitmap_can_store,
+    .co_bitmap_begin_change = qcow2_bitmap_begin_change,
 };

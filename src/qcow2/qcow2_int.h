@@ -218,6 +218,7 @@ struct Qcow2State {
     bool bitmaps_stale;         /* a bitmaps extension whose autoclear bit is clear */
     Qcow2BmDir bm_disk;         /* the directory as loaded by a read-write open (bitmaps.c) */
     bool bm_live;               /* the node's persistent bitmaps are stored on close */
+    uint32_t *bm_disk_flags;    /* each stored entry's flags as on disk now (in use or not) */
     uint8_t *feature_table;     /* raw feature name table, or NULL */
     uint32_t feature_table_len;
 
@@ -283,6 +284,9 @@ void qcow2_bitmap_dir_layout(const Qcow2BmEntry *e, uint32_t n, uint8_t *buf);
 int coroutine_fn qcow2_bitmaps_open(QkBlock *bs, QkError *err);
 int coroutine_fn qcow2_bitmaps_store(QkBlock *bs, QkError *err);
 int qcow2_bitmap_can_store(QkBlock *bs, const char *name, uint64_t granularity, QkError *err);
+/* Before a stored bitmap starts to differ from its copy on disk (enabled,
+ * cleared, merged into while the image is open): marks it in use there. */
+int coroutine_fn qcow2_bitmap_begin_change(QkBlock *bs, struct QkDirtyBitmap *bm, QkError *err);
 void qcow2_bitmaps_forget(Qcow2State *s);
 /* bitmap_dir.c: reads the bitmap directory's names, granularities and
  * flags into s->bitmaps (nothing when the autoclear bit says the bitmaps

@@ -5,7 +5,9 @@
 # qemu-nbd reports for the same image (bitmaps made and written by QEMU,
 # granularities 64k and 1M), an unknown name refused; writes through a
 # read-write export show up in the live bitmap at once and are in the
-# image after the server stops. Plain and ASan builds.
+# image after the server stops; the control socket adds a persistent
+# bitmap while serving, and enabling a stored one marks it in use on disk
+# before any write (a SIGKILL leaves it flagged). Plain and ASan builds.
 # Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/nbd-lib.bash"
 work=$(mktemp -d "${TEST_DIR:-/tmp}/qk-nbdbm.XXXXXX")
@@ -62,5 +64,34 @@ for build in "$QK_PLAIN" "$QK_ASAN"; do
   nbdinfo --map=qemu:dirty-bitmap:b0 "nbd+unix:///?socket=$work/q.sock" | grep -q "^  *41943040 .*dirty" ||
     bad "$build: the write is not in the stored bitmap"
   kill $p; wait $p 2>/dev/null; rm -f "$work/q.sock"
+
+  # The control socket: a persistent bitmap added while serving records
+  # the writes after it and is in the image after the server stops; a
+  # stored disabled bitmap enabled while serving is marked in use on disk
+  # at once, so a SIGKILL leaves it flagged, never silently stale.
+  cp img.qcow2 ctl.qcow2
+  start_serve "$build" pid --export name=vm0,file=ctl.qcow2 --socket "$work/s.sock" --control "$work/c.sock"
+  ctl() { "$build" ctl "$work/c.sock" "$@" >ctl.out 2>&1 || { bad "$build: ctl $*"; cat ctl.out; }; }
+  ctl block-dirty-bitmap-add export=vm0 name=live persistent=true granularity=65536
+  qemu-io -f raw -c 'write -P 8 48M 64k' "$u" >/dev/null || bad "$build: write over NBD"
+  ctl block-dirty-bitmap-query export=vm0
+  grep -q '"persistent": true' ctl.out || { bad "$build: query does not say persistent"; cat ctl.out; }
+  stop_serve "$SERVE_PID"
+  qemu-img info ctl.qcow2 | grep -q "name: live" || bad "$build: the persistent bitmap added over the control socket was not stored"
+  qemu-nbd -r -t -k "$work/q.sock" -f qcow2 -B live ctl.qcow2 >/dev/null 2>&1 &
+  p=$!
+  for i in $(seq 100); do [ -S "$work/q.sock" ] && break; sleep 0.05; done
+  nbdinfo --map=qemu:dirty-bitmap:live "nbd+unix:///?socket=$work/q.sock" >live.map
+  kill $p; wait $p 2>/dev/null; rm -f "$work/q.sock"
+  grep -q "^  *50331648 .*dirty" live.map || { bad "$build: the write after the add is not in it"; cat live.map; }
+  grep -q "^  *0 .*dirty" live.map && { bad "$build: writes before the add are in it"; cat live.map; }
+  start_serve "$build" pid --export name=vm0,file=ctl.qcow2 --socket "$work/s.sock" --control "$work/c.sock"
+  ctl block-dirty-bitmap-enable export=vm0 name=b1
+  qemu-io -f raw -c 'write -P 9 52M 64k' "$u" >/dev/null
+  kill -KILL "$SERVE_PID"; wait "$SERVE_PID" 2>/dev/null
+  qemu-img info ctl.qcow2 >info.txt
+  grep -B1 -A3 "in-use" info.txt | grep -q "name: b1" || { bad "$build: b1 not in use after SIGKILL"; cat info.txt; }
+  qemu-img check -q ctl.qcow2 >/dev/null 2>&1; rc=$?
+  [ $rc = 0 ] || [ $rc = 3 ] || bad "$build: check after SIGKILL exited $rc"
 done
 exit $status
