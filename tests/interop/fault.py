@@ -35,9 +35,9 @@ STEPS = [
     ("snapshot", ["-d", "s1"]),
     ("io", [("write", 0x17, 12 << 20, 64 << 10), ("flush",)]),
 ]
-KINDS = ["write", "data", "header", "l1", "l2", "reftable", "refblock", "snapshot", "flush"]
+KINDS = ["write", "data", "header", "l1", "l2", "reftable", "refblock", "snapshot", "bitmap", "flush"]
 STATS = re.compile(r"inject: write (\d+) \(data (\d+), header (\d+), l1 (\d+), l2 (\d+), "
-                   r"reftable (\d+), refblock (\d+), snapshot (\d+)\), flush (\d+); (\d+) fault")
+                   r"reftable (\d+), refblock (\d+), snapshot (\d+), bitmap (\d+)\), flush (\d+); (\d+) fault")
 
 
 def run(cmd, env=None):
@@ -197,7 +197,7 @@ def main():
         if st != 0 or not stats:
             print("FAIL clean step %d exit %d\n%s" % (i, st, out))
             sys.exit(1)
-        counts.append(dict(zip(KINDS[:8] + ["flush"], stats[:9])))
+        counts.append(dict(zip(KINDS, stats[:len(KINDS)])))
     errs = R.verify(model, "the clean workload")
     if errs:
         print("FAIL clean run:\n" + "\n".join(errs))

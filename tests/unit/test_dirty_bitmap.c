@@ -54,12 +54,24 @@ static void coroutine_fn body(void *opaque)
     QK_CHECK_EQ(qk_dirty_bitmap_dirty_bytes(a), 4 * 65536);
     QK_CHECK_EQ(qk_dirty_bitmap_next_dirty(a, 2 * 65536), 10 * 65536);
 
-    /* Merge needs equal granularity. */
-    QK_CHECK(qk_dirty_bitmap_merge(a, d, &err) < 0);
+    /* Merge: equal granularity, then a finer one (its ranges widened to
+     * the target's chunks), then an empty one. */
     QkDirtyBitmap *c = qk_dirty_bitmap_add(bs, "c", 65536, &err);
     qk_dirty_bitmap_mark(c, 0, 1);
     QK_CHECK_EQ(qk_dirty_bitmap_merge(a, c, &err), 0);
     QK_CHECK_EQ(qk_dirty_bitmap_dirty_bytes(a), 5 * 65536);
+    qk_dirty_bitmap_mark(d, 20 * 65536 + 4096, 8192);     /* chunk 20 of a */
+    qk_dirty_bitmap_mark(d, 22 * 65536 - 4096, 8192);     /* chunks 21 and 22 */
+    QK_CHECK_EQ(qk_dirty_bitmap_merge(a, d, &err), 0);
+    QK_CHECK_EQ(qk_dirty_bitmap_dirty_bytes(a), 8 * 65536);
+    QK_CHECK(qk_dirty_bitmap_get(a, 21 * 65536) && qk_dirty_bitmap_get(a, 22 * 65536));
+    QK_CHECK(!qk_dirty_bitmap_get(a, 23 * 65536));
+    qk_dirty_bitmap_clear(d);
+    QK_CHECK_EQ(qk_dirty_bitmap_merge(a, d, &err), 0);
+    QK_CHECK_EQ(qk_dirty_bitmap_dirty_bytes(a), 8 * 65536);
+    /* The same bit marked again changes nothing. */
+    qk_dirty_bitmap_mark(a, 21 * 65536 + 7, 1);
+    QK_CHECK_EQ(qk_dirty_bitmap_dirty_bytes(a), 8 * 65536);
     qk_dirty_bitmap_clear(a);
     QK_CHECK_EQ(qk_dirty_bitmap_dirty_bytes(a), 0);
 
