@@ -20,6 +20,7 @@ convert against qemu-img convert -m 16 -W -t none -T none on a generated
 1 TiB one, end to end, with dd and zstd -T0 as the disk's and the
 compressor's limits.
 
+The persistent-bitmap rows (--only bitmaps) come from bench/bitmaps.sh.
 The VM-state rows (--only vmstate) come from bench/vmstate.sh: saving a
 migration-like stream of pseudo-random pages (256 MiB with --quick, else
 2 GiB) through the buffered writer, the unbuffered path and the CLI pipe,
@@ -272,6 +273,7 @@ def main():
     ap.add_argument("--full", action="store_true")
     ap.add_argument("--runs", type=int)
     ap.add_argument("--only", default="")
+    extra_md = []
     ap.add_argument("--out", default=os.path.join(TOP, "bench", "results"))
     ap.add_argument("--dir", default="/var/tmp")
     a = ap.parse_args()
@@ -326,6 +328,12 @@ def main():
             results += lifecycle_results(a.quick, runs, scratch, QCOWKIT)
         if selected(a.only, "convert", "compress"):
             results += convert_results(a.quick, runs, scratch, QCOWKIT)
+        if selected(a.only, "bitmaps"):
+            # Its own table (costs against the same image without bitmaps).
+            p = sh(["bash", os.path.join(TOP, "bench", "bitmaps.sh"), "--runs", str(runs), "--dir", scratch])
+            if p.returncode != 0:
+                raise RuntimeError("bench/bitmaps.sh failed (%d):\n%s" % (p.returncode, p.stdout[-3000:]))
+            extra_md.append("### Persistent dirty bitmaps\n\n" + p.stdout.strip() + "\n")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -363,6 +371,7 @@ def main():
         for r in rows:
             if r.get("note"):
                 lines += [r["note"], ""]
+    lines += extra_md
     table = "\n".join(lines)
     with open(os.path.join(a.out, "latest.md"), "w") as f:
         f.write(table + "\n")
