@@ -82,6 +82,11 @@ void qk_tool_create_opts_help(bool qcow2, const char *kind); /* "Supported <kind
 bool qk_tool_opt_list_valid(const char *list);
 int qk_tool_create_opts_parse(QkToolCreateOpts *a, bool qcow2, char *list, const char *prefix);
 const char *qk_tool_create_opts_check(QkToolCreateOpts *a, bool qcow2, char *why, size_t len);
+/* convert --bitmaps (tools/convert_bitmaps.c): whether src's persistent
+ * bitmaps can go to an image of out_fmt (qemu-img's messages; -1 when
+ * not), and the copy into dst once the data is there. */
+int qk_tool_bitmaps_can_copy(QkBlock *src, const char *out_fmt, bool skip_broken);
+int qk_tool_bitmaps_copy(QkBlock *src, QkBlock *dst, bool skip_broken);
 /* Parses --output=human|json; reports and returns -1 on anything else. */
 int qk_tool_parse_output(const char *cmd, const char *arg, bool *json);
 /* Prints j the way qemu-img prints JSON (4-space indent, key order kept). */

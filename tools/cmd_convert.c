@@ -25,7 +25,8 @@ static const char *const usage_text =
     "                       [-o OPTIONS] [-B BACKING_FILE [-F BACKING_FMT]] [-S SPARSE_SIZE]\n"
     "                       [-m NUM_COROUTINES] [-t CACHE] [-T SRC_CACHE] [-r RATE]\n"
     "                       [-l SNAPSHOT_PARAM] [--compress-threads N] [--compress-level N]\n"
-    "                       [--target-is-zero] SRC [SRC...] DST\n"
+    "                       [--target-is-zero] [--bitmaps [--skip-broken-bitmaps]]\n"
+    "                       SRC [SRC...] DST\n"
     "\n"
     "Copies the content of SRC (several are concatenated) into a new image DST\n"
     "of their total size (replaced if it exists). Only data is read: ranges the\n"
@@ -55,6 +56,8 @@ static const char *const usage_text =
     "  -T SRC_CACHE  cache mode for the sources (default writeback)\n"
     "  -U            open the sources even if another process uses them\n"
     "  -r RATE       read at most RATE bytes of data per second (k, M, G suffixes)\n"
+    "  --bitmaps     copy the persistent dirty bitmaps of SRC (one source, qcow2 DST)\n"
+    "  --skip-broken-bitmaps  with --bitmaps: skip bitmaps left in use, with a warning\n"
     "  -C            accepted for compatibility; no effect\n"
     "  -p            show progress\n"
     "  -q            quiet\n";
@@ -86,18 +89,20 @@ static int run_convert(int argc, char **argv)
     QkToolSnapshot snap;
     uint64_t rate = 0, compress_threads = 0, compress_level = 0;
     bool compress = false, progress = false, quiet = false, no_create = false;
-    bool out_of_order = false, target_is_zero = false;
+    bool out_of_order = false, target_is_zero = false, bitmaps = false, skip_broken = false;
     int src_flags = 0;
     uint64_t sparse = 4096, workers = 8;
     char *opt_lists[32];
     int nlists = 0;
-    enum { OPT_TARGET_IS_ZERO = 256, OPT_COMPRESS_THREADS, OPT_COMPRESS_LEVEL };
+    enum { OPT_TARGET_IS_ZERO = 256, OPT_COMPRESS_THREADS, OPT_COMPRESS_LEVEL, OPT_BITMAPS, OPT_SKIP_BROKEN };
     static const struct option longopts[] = {
         {"help", no_argument, NULL, 'h'},
         {"force-share", no_argument, NULL, 'U'},
         {"target-is-zero", no_argument, NULL, OPT_TARGET_IS_ZERO},
         {"compress-threads", required_argument, NULL, OPT_COMPRESS_THREADS},
         {"compress-level", required_argument, NULL, OPT_COMPRESS_LEVEL},
+        {"bitmaps", no_argument, NULL, OPT_BITMAPS},
+        {"skip-broken-bitmaps", no_argument, NULL, OPT_SKIP_BROKEN},
         {NULL, 0, NULL, 0},
     };
     opterr = 0;
@@ -125,6 +130,8 @@ static int run_convert(int argc, char **argv)
         case 'W': out_of_order = true; break;
         case 'U': src_flags |= QK_OPEN_FORCE_SHARE; break;
         case OPT_TARGET_IS_ZERO: target_is_zero = true; break;
+        case OPT_BITMAPS: bitmaps = true; break;
+        case OPT_SKIP_BROKEN: skip_broken = true; break;
         case OPT_COMPRESS_THREADS:
             if (qk_parse_uint(optarg, &compress_threads) < 0 || compress_threads < 1 || compress_threads > 1024) {
                 qk_tool_error("Invalid number of compression threads '%s': 1 to 1024", optarg);
@@ -187,6 +194,10 @@ static int run_convert(int argc, char **argv)
     if (!out_fmt) {
         out_fmt = "raw";
     }
+    if (skip_broken && !bitmaps) {
+        qk_tool_error("Use of --skip-broken-bitmaps requires --bitmaps");
+        return 1;
+    }
     if (target_is_zero && !no_create) {
         qk_tool_error("--target-is-zero requires use of -n flag");
         return 1;
@@ -216,6 +227,13 @@ static int run_convert(int argc, char **argv)
         return 1;
     }
     src_flags |= sflags;
+    if (bitmaps && nb_src > 1) {
+        qk_tool_error("Copying bitmaps only possible with single source");
+        return 1;
+    }
+    if (bitmaps) {
+        src_flags |= QK_OPEN_LOAD_BITMAPS;
+    }
     if (snapshot && nb_src > 1) {
         qk_tool_error("No support for concatenating multiple snapshot");
         return 1;
@@ -254,6 +272,9 @@ static int run_convert(int argc, char **argv)
     const QkBlockDriver *drv = qk_block_find_driver(out_fmt);
     if (!drv || drv->is_protocol) {
         qk_tool_error("Unknown file format '%s'", out_fmt);
+        goto out;
+    }
+    if (bitmaps && qk_tool_bitmaps_can_copy(src[0], out_fmt, skip_broken) < 0) {
         goto out;
     }
     QkToolCreateOpts a = {.compression = "zlib", .lazy = "off"};
@@ -390,6 +411,8 @@ static int run_convert(int argc, char **argv)
         qk_tool_error("Compression not supported for this file format");
     } else if (c.ret < 0) {
         qk_tool_error("%s", c.err.msg);
+    } else if (bitmaps && qk_tool_bitmaps_copy(src[0], out, skip_broken) < 0) {
+        /* message printed */
     } else {
         qk_progress_finish(&c.progress);
         ret = 0;

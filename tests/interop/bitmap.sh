@@ -11,6 +11,8 @@
 #  - a bitmap left in use (after a crash) is kept as it is, refused for
 #    use with QEMU's message, removable; a SIGKILL during writes leaves the
 #    enabled bitmaps in use and the image clean;
+#  - convert --bitmaps [--skip-broken-bitmaps] against qemu-img's: the same
+#    messages, bitmaps and dirty ranges in the new image;
 #  - bitmaps this code cannot keep (unknown flags) refuse a read-write open
 #    and the image stays as it was.
 # Exit 0 pass, 1 fail.
@@ -149,6 +151,42 @@ qemu-img check -q k.qcow2 >/dev/null 2>&1; rc=$?
 qemu-img info k.qcow2 >info.txt
 grep -A4 '\[0\]:' info.txt | grep -q 'in-use' || { bad "the live bitmap is not in use after SIGKILL"; cat info.txt; }
 grep -A6 '\[1\]:' info.txt | grep -q 'in-use' && { bad "the disabled bitmap became in use"; cat info.txt; }
+
+# --- convert --bitmaps ---
+rm -f cs.qcow2
+qemu-img create -q -f qcow2 cs.qcow2 16M
+qemu-img bitmap --add cs.qcow2 a
+qemu-img bitmap --add -g 1M --disable cs.qcow2 b
+qemu-io -c 'write 1M 64k' -c 'write 7M 3M' cs.qcow2 >/dev/null
+qemu-img bitmap --merge a cs.qcow2 b
+cp cs.qcow2 csi.qcow2
+bitmap_flag csi.qcow2 1
+conv_both() { # WHAT ARGS... (OUT stands for the output image)
+  local what=$1 a b
+  shift
+  rm -f ours.qcow2 theirs.qcow2 ours.raw theirs.raw
+  a=$("$QK" convert "${@//OUT/ours}" 2>&1; echo "rc=$?")
+  b=$(qemu-img convert "${@//OUT/theirs}" 2>&1; echo "rc=$?")
+  a=$(echo "$a" | sed -e 's/ours/OUT/g' -e 's/qcowkit bitmap/TOOL bitmap/' | norm)
+  b=$(echo "$b" | sed -e 's/theirs/OUT/g' -e 's/qemu-img bitmap/TOOL bitmap/' | norm)
+  [ "$a" = "$b" ] || { bad "convert $what differs"; echo "ours: $a"; echo "qemu: $b"; }
+  # qemu-img creates a raw output before it finds raw cannot hold bitmaps
+  # (an existing file is emptied); qcowkit refuses before creating it.
+  [ "$what" = "--bitmaps to raw" ] && { [ ! -e ours.raw ] || bad "convert $what created the output"; return; }
+  [ "$(ls ours.* 2>/dev/null | sed 's/ours//')" = "$(ls theirs.* 2>/dev/null | sed 's/theirs//')" ] ||
+    bad "convert $what: one tool left an image, the other not"
+}
+conv_both "--bitmaps" --bitmaps -O qcow2 cs.qcow2 OUT.qcow2
+same_info ours.qcow2 "convert --bitmaps"
+diff <($QK info ours.qcow2 | mask | grep -v '^image:') <(qemu-img info theirs.qcow2 | mask | grep -v '^image:') >diff.out ||
+  { bad "convert --bitmaps: info differs from qemu-img's result"; cat diff.out; }
+same_maps "convert --bitmaps" a b
+conv_both "--bitmaps to raw" --bitmaps -O raw cs.qcow2 OUT.raw
+conv_both "--bitmaps, one in use" --bitmaps -O qcow2 csi.qcow2 OUT.qcow2
+conv_both "--skip-broken-bitmaps" --bitmaps --skip-broken-bitmaps -O qcow2 csi.qcow2 OUT.qcow2
+same_maps "convert --skip-broken-bitmaps" b
+conv_both "--skip-broken-bitmaps alone" --skip-broken-bitmaps -O qcow2 cs.qcow2 OUT.qcow2
+conv_both "--bitmaps, two sources" --bitmaps -O qcow2 cs.qcow2 cs.qcow2 OUT.qcow2
 
 # --- bitmaps we cannot keep: the read-write open is refused ---
 rm -f u.qcow2
