@@ -40,6 +40,7 @@ extern const QkCommand qk_cmd_amend;
 extern const QkCommand qk_cmd_compare;
 extern const QkCommand qk_cmd_measure;
 extern const QkCommand qk_cmd_bitmap;
+extern const QkCommand qk_cmd_backup;
 
 /* Shared helpers for commands (tools/common.c). */
 /* Prints "qcowkit: <msg>" to stderr. */

@@ -26,6 +26,7 @@ static const QkCommand *const commands[] = {
     &qk_cmd_dd,
     &qk_cmd_amend,
     &qk_cmd_bitmap,
+    &qk_cmd_backup,
     &qk_cmd_io,
     &qk_cmd_bench,
     &qk_cmd_serve,

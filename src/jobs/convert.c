@@ -17,6 +17,7 @@
  * opening, creating and size checks are the caller's.
  */
 #include "jobs/convert.h"
+#include "block/dirty_bitmap.h"
 #include "aio/co_sync.h"
 #include "util/checked.h"
 #include "util/iov.h"
@@ -97,6 +98,20 @@ static int coroutine_fn status_at(Run *r, uint64_t pos, uint64_t max, uint64_t *
     QkBlock *bs = r->o->src[i];
     uint64_t soff = pos - r->start[i];
     max = QK_MIN(max, r->start[i + 1] - pos);
+    if (r->o->only) {
+        /* Clean ranges stay as the target's backing has them. */
+        const QkDirtyBitmap *bm = r->o->only;
+        bool dirty = qk_dirty_bitmap_get(bm, soff);
+        uint64_t next = dirty ? qk_dirty_bitmap_next_clean(bm, soff) : qk_dirty_bitmap_next_dirty(bm, soff);
+        if (next != UINT64_MAX && next > soff) {
+            max = QK_MIN(max, next - soff);
+        }
+        if (!dirty) {
+            *pnum = max;
+            *kind = SEG_SKIP;
+            return 0;
+        }
+    }
     uint64_t n = 0;
     int st;
     if (r->o->top_only) {

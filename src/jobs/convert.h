@@ -31,6 +31,10 @@ typedef struct QkConvertOptions {
     int workers;                 /* coroutines copying at once (1..16) */
     bool out_of_order;           /* -W: writes need not reach the target in order */
     uint64_t rate;               /* -r: source bytes read per second; 0: no limit */
+    /* Only the ranges dirty in this bitmap of the (single) source are
+     * copied, the rest left to the target's backing file (an incremental
+     * backup); NULL copies everything. */
+    const struct QkDirtyBitmap *only;
     QkConvertProgress *progress; /* may be NULL */
     void *opaque;
 } QkConvertOptions;
