@@ -173,6 +173,7 @@ typedef struct MetaMatch {
     bool list;
     QkBlock *bs;
     bool base_alloc;
+    bool alloc_depth;
     bool all_bitmaps;
     char **bitmaps;             /* named ones, in query order */
     unsigned nbitmaps;
@@ -205,6 +206,9 @@ static void meta_query(void *opaque, const char *q, uint32_t qlen)
         m->base_alloc = true;
     } else if (qlen == sizeof(qemu) - 1 && memcmp(q, qemu, qlen) == 0) {
         m->all_bitmaps |= m->list; /* a bare namespace lists, never selects */
+        m->alloc_depth |= m->list;
+    } else if (qlen == sizeof(QK_NBD_META_ALLOCATION_DEPTH) - 1 && memcmp(q, QK_NBD_META_ALLOCATION_DEPTH, qlen) == 0) {
+        m->alloc_depth = true;
     } else if (qlen >= sizeof(dirty) - 1 && memcmp(q, dirty, sizeof(dirty) - 1) == 0) {
         const char *name = q + sizeof(dirty) - 1;
         uint32_t nlen = qlen - (uint32_t)(sizeof(dirty) - 1);
@@ -263,6 +267,7 @@ static int coroutine_fn opt_meta(QkNbdClient *c, uint32_t opt, const uint8_t *da
     qk_nbd_parse_meta_request(data, len, &rq, meta_query, &m);
     if (m.list && rq.nqueries == 0) {
         m.base_alloc = true;
+        m.alloc_depth = true;
         m.all_bitmaps = true;
     }
     if (m.all_bitmaps) {
@@ -287,13 +292,17 @@ static int coroutine_fn opt_meta(QkNbdClient *c, uint32_t opt, const uint8_t *da
     int r = 0;
     /* The ids only mean something after SET; LIST answers 0. */
     if (m.base_alloc) {
-        r = reply_context(c, opt, 1, QK_NBD_META_BASE_ALLOCATION, NULL);
+        r = reply_context(c, opt, QK_NBD_CTX_BASE, QK_NBD_META_BASE_ALLOCATION, NULL);
+    }
+    if (r == 0 && m.alloc_depth) {
+        r = reply_context(c, opt, QK_NBD_CTX_DEPTH, QK_NBD_META_ALLOCATION_DEPTH, NULL);
     }
     for (unsigned i = 0; r == 0 && i < m.nbitmaps; i++) {
-        r = reply_context(c, opt, 2 + i, QK_NBD_META_DIRTY_BITMAP, m.bitmaps[i]);
+        r = reply_context(c, opt, QK_NBD_CTX_BITMAP0 + i, QK_NBD_META_DIRTY_BITMAP, m.bitmaps[i]);
     }
     if (opt == NBD_OPT_SET_META_CONTEXT) {
         c->base_alloc = m.base_alloc;
+        c->alloc_depth = m.alloc_depth;
         free_names(c->bitmaps, c->nbitmaps);
         c->bitmaps = m.bitmaps;
         c->nbitmaps = m.nbitmaps;

@@ -119,6 +119,12 @@
 #define QK_NBD_MAX_OPTION  (64u << 10)
 #define QK_NBD_META_BASE_ALLOCATION "base:allocation"
 #define QK_NBD_META_DIRTY_BITMAP "qemu:dirty-bitmap:"
+#define QK_NBD_META_ALLOCATION_DEPTH "qemu:allocation-depth"
+/* Context ids the server hands out: base:allocation, the allocation
+ * depth, then one per dirty bitmap from QK_NBD_CTX_BITMAP0 on. */
+#define QK_NBD_CTX_BASE 1u
+#define QK_NBD_CTX_DEPTH 2u
+#define QK_NBD_CTX_BITMAP0 3u
 #define NBD_STATE_DIRTY (1u << 0)   /* qemu:dirty-bitmap contexts */
 
 /* A parsed transmission request. */

@@ -15,6 +15,7 @@ typedef struct QkNbdClient {
     QkNbdExport *exp;           /* set when transmission starts */
     bool structured;
     bool base_alloc;            /* base:allocation selected */
+    bool alloc_depth;           /* qemu:allocation-depth selected */
     /* qemu:dirty-bitmap:NAME contexts selected, context ids 2, 3, ...
      * (names: the bitmap may be removed while the client is connected). */
     char **bitmaps;

@@ -111,7 +111,7 @@ static int validate(QkNbdClient *c, const QkNbdRequest *r)
     if (is_write_type(r->type) && c->exp->readonly) {
         return -EPERM;
     }
-    if (r->type == NBD_CMD_BLOCK_STATUS && ((!c->base_alloc && !c->nbitmaps) || r->length == 0)) {
+    if (r->type == NBD_CMD_BLOCK_STATUS && ((!c->base_alloc && !c->alloc_depth && !c->nbitmaps) || r->length == 0)) {
         return -EINVAL;
     }
     int64_t size = qk_block_length(c->exp->bs);
@@ -248,8 +248,11 @@ static bool add_extent(uint8_t *out, unsigned *n, unsigned max, uint64_t len, ui
     return true;
 }
 
-/* base:allocation extents of [offset, offset + length). */
-static int coroutine_fn alloc_extents(QkBlock *bs, const QkNbdRequest *r, uint8_t *out, unsigned max, unsigned *n)
+/* base:allocation extents of [offset, offset + length), or with depth
+ * the qemu:allocation-depth ones (0: nowhere in the chain, 1: this
+ * image, 2: its backing file, ...). */
+static int coroutine_fn alloc_extents(QkBlock *bs, const QkNbdRequest *r, bool depth_ctx, uint8_t *out,
+                                      unsigned max, unsigned *n)
 {
     uint64_t pos = r->offset, end = r->offset + r->length;
     *n = 0;
@@ -264,7 +267,9 @@ static int coroutine_fn alloc_extents(QkBlock *bs, const QkNbdRequest *r, uint8_
             pnum = end - pos;
         }
         uint32_t fl = 0;
-        if (!(ret & QK_BS_ALLOCATED)) {
+        if (depth_ctx) {
+            fl = (ret & QK_BS_ALLOCATED) ? (uint32_t)depth + 1 : 0;
+        } else if (!(ret & QK_BS_ALLOCATED)) {
             fl = NBD_STATE_HOLE | NBD_STATE_ZERO; /* nothing in the chain: reads as zeros */
         } else {
             fl |= (ret & QK_BS_DATA) ? 0 : NBD_STATE_HOLE;
@@ -311,17 +316,21 @@ static int coroutine_fn do_block_status(Req *q, QkBlock *bs)
     }
     unsigned n;
     int ret = 0;
-    if (c->base_alloc) {
-        ret = alloc_extents(bs, r, out, max, &n);
+    for (int k = 0; ret == 0 && k < 2; k++) {
+        if (!(k == 0 ? c->base_alloc : c->alloc_depth)) {
+            continue;
+        }
+        ret = alloc_extents(bs, r, k == 1, out, max, &n);
         if (ret < 0) {
             free(out);
             return send_error(c, r, ret);
         }
-        ret = send_status(c, r, 1, out, n, c->nbitmaps == 0);
+        bool last = c->nbitmaps == 0 && (k == 1 || !c->alloc_depth);
+        ret = send_status(c, r, k == 0 ? QK_NBD_CTX_BASE : QK_NBD_CTX_DEPTH, out, n, last);
     }
     for (unsigned i = 0; ret == 0 && i < c->nbitmaps; i++) {
         bitmap_extents(bs, c->bitmaps[i], r, out, max, &n);
-        ret = send_status(c, r, 2 + i, out, n, i + 1 == c->nbitmaps);
+        ret = send_status(c, r, QK_NBD_CTX_BITMAP0 + i, out, n, i + 1 == c->nbitmaps);
     }
     free(out);
     return ret;

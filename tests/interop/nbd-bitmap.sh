@@ -7,7 +7,8 @@
 # read-write export show up in the live bitmap at once and are in the
 # image after the server stops; the control socket adds a persistent
 # bitmap while serving, and enabling a stored one marks it in use on disk
-# before any write (a SIGKILL leaves it flagged). Plain and ASan builds.
+# before any write (a SIGKILL leaves it flagged); qemu:allocation-depth over
+# a backing chain as qemu-nbd -A reports it. Plain and ASan builds.
 # Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/nbd-lib.bash"
 work=$(mktemp -d "${TEST_DIR:-/tmp}/qk-nbdbm.XXXXXX")
@@ -93,5 +94,25 @@ for build in "$QK_PLAIN" "$QK_ASAN"; do
   grep -B1 -A3 "in-use" info.txt | grep -q "name: b1" || { bad "$build: b1 not in use after SIGKILL"; cat info.txt; }
   qemu-img check -q ctl.qcow2 >/dev/null 2>&1; rc=$?
   [ $rc = 0 ] || [ $rc = 3 ] || bad "$build: check after SIGKILL exited $rc"
+done
+
+# qemu:allocation-depth over a backing chain, against qemu-nbd -A.
+qemu-img create -q -f qcow2 db.qcow2 16M
+qemu-io -c 'write 4M 2M' db.qcow2 >/dev/null
+qemu-img create -q -f qcow2 -b db.qcow2 -F qcow2 dt.qcow2
+qemu-io -c 'write 5M 2M' -c 'write -z 10M 1M' dt.qcow2 >/dev/null
+qemu-nbd -r -t -k "$work/q.sock" -f qcow2 -A dt.qcow2 >/dev/null 2>&1 &
+p=$!
+for i in $(seq 100); do [ -S "$work/q.sock" ] && break; sleep 0.05; done
+nbdinfo --map=qemu:allocation-depth "nbd+unix:///?socket=$work/q.sock" >want.depth
+kill $p; wait $p 2>/dev/null; rm -f "$work/q.sock"
+grep -q "backing depth 2" want.depth || bad "qemu-nbd shows no backing depth: the comparison would be empty"
+for build in "$QK_PLAIN" "$QK_ASAN"; do
+  [ -x "$build" ] || continue
+  start_serve "$build" pid --export name=vm0,file=dt.qcow2,readonly=on --socket "$work/s.sock"
+  nbdinfo --map=qemu:allocation-depth "nbd+unix:///vm0?socket=$work/s.sock" >got.depth 2>&1
+  diff want.depth got.depth >diff.out || { bad "$build: allocation depth differs from qemu-nbd's"; cat diff.out; }
+  nbdinfo --list "nbd+unix:///?socket=$work/s.sock" | grep -q "qemu:allocation-depth" || bad "$build: allocation depth not listed"
+  stop_serve "$SERVE_PID"
 done
 exit $status
