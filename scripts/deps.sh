@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Installs the Debian packages that building, testing and benchmarking qcowkit
 # need (qemu-system-common: qemu-storage-daemon, which the mirror benchmark
-# compares with; gdb: backtraces of a test that timed out). Safe to run
+# compares with; gdb: backtraces of a test that timed out; python3-libnbd:
+# the backup tool of tests/interop/nbd-backup). Safe to run
 # again: it installs only what is missing.
 set -euo pipefail
 
 pkgs=(
   build-essential pkg-config meson ninja-build
   liburing-dev zlib1g-dev libzstd-dev libjansson-dev
-  libnbd-dev libnbd-bin
+  libnbd-dev libnbd-bin python3-libnbd
   qemu-utils fio time iproute2 gnuplot-nox python3 strace gdb
   qemu-system-common
   clang libclang-rt-14-dev
