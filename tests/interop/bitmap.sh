@@ -11,6 +11,8 @@
 #  - a bitmap left in use (after a crash) is kept as it is, refused for
 #    use with QEMU's message, removable; a SIGKILL during writes leaves the
 #    enabled bitmaps in use and the image clean;
+#  - an injected write or flush failure at any point of a session leaves a
+#    clean image and the enabled bitmap in use or holding the write;
 #  - convert --bitmaps [--skip-broken-bitmaps] against qemu-img's: the same
 #    messages, bitmaps and dirty ranges in the new image;
 #  - bitmaps this code cannot keep (unknown flags) refuse a read-write open
@@ -187,6 +189,31 @@ conv_both "--skip-broken-bitmaps" --bitmaps --skip-broken-bitmaps -O qcow2 csi.q
 same_maps "convert --skip-broken-bitmaps" b
 conv_both "--skip-broken-bitmaps alone" --skip-broken-bitmaps -O qcow2 cs.qcow2 OUT.qcow2
 conv_both "--bitmaps, two sources" --bitmaps -O qcow2 cs.qcow2 cs.qcow2 OUT.qcow2
+
+# --- a failure anywhere while bitmaps are marked, written or switched ---
+# Each host write or flush of a session (one guest write) fails in turn:
+# the image checks 0 or 3, and the enabled bitmap is either left in use or
+# stored holding the write; the disabled one is never in use.
+for n in $(seq 1 14); do
+  for rule in "write:nth=$n:errno=EIO" "flush:nth=$n:errno=EIO"; do
+    rm -f fi.qcow2
+    qemu-img create -q -f qcow2 fi.qcow2 64M
+    qemu-img bitmap --add fi.qcow2 a
+    qemu-img bitmap --add --disable fi.qcow2 d
+    QCOWKIT_INJECT="$rule" "$QK" io -c 'write -P 1 1M 64k' fi.qcow2 >/dev/null 2>&1
+    qemu-img check -q fi.qcow2 >/dev/null 2>&1
+    rc=$?
+    [ $rc = 0 ] || [ $rc = 3 ] || bad "$rule: check exited $rc"
+    qemu-img info fi.qcow2 >info.txt
+    # Where the write's data reached the image, a stored (not in use) bitmap holds it.
+    if ! grep -A3 '\[0\]:' info.txt | grep -q in-use &&
+       ! qemu-io -r -c 'read -P 1 1M 64k' fi.qcow2 2>&1 | grep -q 'Pattern verification failed'; then
+      bmap fi.qcow2 a | grep -q "^ *1048576 *65536 *1 *dirty" ||
+        { bad "$rule: bitmap a is stored (not in use) but does not hold the write"; bmap fi.qcow2 a; }
+    fi
+    grep -A6 '\[1\]:' info.txt | grep -q in-use && bad "$rule: the disabled bitmap is in use"
+  done
+done
 
 # --- bitmaps we cannot keep: the read-write open is refused ---
 rm -f u.qcow2
