@@ -57,7 +57,9 @@ static void coroutine_fn run_co(void *opaque)
 {
     Run *r = opaque;
     QkError err = {0};
-    QkOpenOptions o = {.flags = QK_OPEN_NO_BACKING, .format = "qcow2"};
+    /* The persistent bitmaps' loader reads the directory, the tables and
+     * the bitmap data of the image too. */
+    QkOpenOptions o = {.flags = QK_OPEN_NO_BACKING | QK_OPEN_LOAD_BITMAPS, .format = "qcow2"};
     QkBlock *bs = qk_co_block_open(r->path, &o, &err);
     if (!bs) {
         fuzz_debug("open: %s", err.msg);
