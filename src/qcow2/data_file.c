@@ -37,6 +37,14 @@ int coroutine_fn qcow2_data_file_open(Qcow2State *s, const QkOpenOptions *opts, 
     if (name->len > 4095 || memchr(name->data, '\0', name->len)) {
         return qk_error_corrupt(err, "external data file name is malformed");
     }
+    /* An image names only a plain local file: never a protocol or a json:
+     * description, which would let a crafted image reach anything the
+     * user can (QEMU's CVE-2024-4467). */
+    if ((name->len >= 5 && memcmp(name->data, "json:", 5) == 0) || memmem(name->data, name->len, "://", 3) ||
+        (name->len >= 4 && memcmp(name->data, "nbd:", 4) == 0)) {
+        return qk_error_set(err, -EINVAL, "the external data file '%.*s' is not a plain local file name",
+                            (int)name->len, (const char *)name->data);
+    }
     s->data_file_name = strndup((const char *)name->data, name->len);
     if (!s->data_file_name) {
         return qk_error_set(err, -ENOMEM, "out of memory");

@@ -15,7 +15,8 @@
 #  - resize grows, preallocates and cuts the data file as qemu-img does;
 #  - commit into and out of data-file images and a safe rebase of one keep
 #    the data and leave every image clean;
-#  - a missing data file, and an L2 entry that is not at its guest offset,
+#  - a missing data file, a data file name that is not a plain local path
+#    (a protocol or json: name), and an L2 entry not at its guest offset,
 #    are errors, not crashes.
 # Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/snapshot-lib.bash"
@@ -213,6 +214,23 @@ f.seek(l1); l2 = struct.unpack(">Q", f.read(8))[0] & 0x00fffffffffffe00
 f.seek(l2 + 8); f.write(struct.pack(">Q", (1 << 63) | 0x50000))
 PY
 out=$("$QK" io -c 'read 64k 4k' q.qcow2 2>&1) && bad "read a cluster mapped away from its guest offset"
+# A data file name that is not a plain local path (a protocol or json:
+# name in the header extension) is refused, whatever it names.
+for evil in 'nbd:x' 'json:' 'a://b'; do
+  rm -f e.qcow2 e.raw
+  qemu-img create -q -f qcow2 -o data_file=e.raw e.qcow2 1M
+  python3 - e.qcow2 "$evil" <<'PY'
+import sys
+f = open(sys.argv[1], "r+b")
+b = f.read(4096)
+i = b.index(b"e.raw")
+new = sys.argv[2].encode()
+f.seek(i - 4)
+f.write(len(new).to_bytes(4, "big") + new)
+PY
+  o=$("$QK" info e.qcow2 2>&1) && bad "opened an image whose data file is '$evil'"
+  echo "$o" | grep -q "not a plain local file name" || { bad "data file '$evil': message"; echo "$o"; }
+done
 case "$out" in *AddressSanitizer*|*"runtime error"*) bad "hostile mapping: sanitizer report"; echo "$out" ;; esac
 "$QK" io -c 'read -P 5 0 4k' q.qcow2 >/dev/null 2>&1 || bad "cluster 0 unreadable next to a bad entry"
 exit $fail
