@@ -35,12 +35,8 @@ run_both() { # WHAT ARGS... (on ours.qcow2 and theirs.qcow2; IMG stands for the 
   qemu-img check -q ours.qcow2 || bad "$what: check after bitmap $*"
 }
 bmap() { # IMG NAME: the bitmap's dirty ranges as qemu-nbd exports them
-  local sock="$work/nbd-$1.sock"  # one per image: diff runs both at once
-  qemu-nbd -r -t -k "$sock" -f qcow2 -B "$2" "$1" >"nbd-$1.log" 2>&1 &
-  local pid=$! i
-  for i in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
-  nbdinfo --map="qemu:dirty-bitmap:$2" "nbd+unix:///?socket=$sock" 2>&1
-  kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -f "$sock"
+  # (nbdinfo starts qemu-nbd on a socket it hands over: no startup race)
+  nbdinfo --map="qemu:dirty-bitmap:$2" -- [ qemu-nbd -r -f qcow2 -B "$2" "$1" ] 2>&1
 }
 same_maps() { # WHAT NAMES...: ours.qcow2 and theirs.qcow2 have the same dirty ranges
   local what=$1 n

@@ -22,12 +22,8 @@ qemu-img bitmap --add img.qcow2 b0
 qemu-img bitmap --add -g 1M --disable img.qcow2 b1
 qemu-io -c 'write -P 1 0 64k' -c 'write 5M 100k' -c 'write -z 9M 3M' img.qcow2 >/dev/null
 qemu-img bitmap --merge b0 img.qcow2 b1
-qemu_map() { # NAME: qemu-nbd's view
-  qemu-nbd -r -t -k "$work/q.sock" -f qcow2 -B "$1" img.qcow2 >/dev/null 2>&1 &
-  local pid=$! i
-  for i in $(seq 100); do [ -S "$work/q.sock" ] && break; sleep 0.05; done
-  nbdinfo --map="qemu:dirty-bitmap:$1" "nbd+unix:///?socket=$work/q.sock"
-  kill $pid; wait $pid 2>/dev/null; rm -f "$work/q.sock"
+qemu_map() { # NAME [IMG]: qemu-nbd's view (nbdinfo starts it: no startup race)
+  nbdinfo --map="qemu:dirty-bitmap:$1" -- [ qemu-nbd -r -f qcow2 -B "$1" "${2:-img.qcow2}" ]
 }
 qemu_map b0 >want.b0
 qemu_map b1 >want.b1
@@ -59,12 +55,7 @@ for build in "$QK_PLAIN" "$QK_ASAN"; do
   nbdinfo --map=qemu:dirty-bitmap:b1 "$u" | grep -q "^  *41943040 .*dirty" && bad "$build: a disabled bitmap recorded a write"
   stop_serve "$SERVE_PID"
   qemu-img check -q rw.qcow2 || bad "$build: check after serving"
-  qemu-nbd -r -t -k "$work/q.sock" -f qcow2 -B b0 rw.qcow2 >/dev/null 2>&1 &
-  p=$!
-  for i in $(seq 100); do [ -S "$work/q.sock" ] && break; sleep 0.05; done
-  nbdinfo --map=qemu:dirty-bitmap:b0 "nbd+unix:///?socket=$work/q.sock" | grep -q "^  *41943040 .*dirty" ||
-    bad "$build: the write is not in the stored bitmap"
-  kill $p; wait $p 2>/dev/null; rm -f "$work/q.sock"
+  qemu_map b0 rw.qcow2 | grep -q "^  *41943040 .*dirty" || bad "$build: the write is not in the stored bitmap"
 
   # The control socket: a persistent bitmap added while serving records
   # the writes after it and is in the image after the server stops; a
@@ -79,11 +70,7 @@ for build in "$QK_PLAIN" "$QK_ASAN"; do
   grep -q '"persistent": true' ctl.out || { bad "$build: query does not say persistent"; cat ctl.out; }
   stop_serve "$SERVE_PID"
   qemu-img info ctl.qcow2 | grep -q "name: live" || bad "$build: the persistent bitmap added over the control socket was not stored"
-  qemu-nbd -r -t -k "$work/q.sock" -f qcow2 -B live ctl.qcow2 >/dev/null 2>&1 &
-  p=$!
-  for i in $(seq 100); do [ -S "$work/q.sock" ] && break; sleep 0.05; done
-  nbdinfo --map=qemu:dirty-bitmap:live "nbd+unix:///?socket=$work/q.sock" >live.map
-  kill $p; wait $p 2>/dev/null; rm -f "$work/q.sock"
+  qemu_map live ctl.qcow2 >live.map
   grep -q "^  *50331648 .*dirty" live.map || { bad "$build: the write after the add is not in it"; cat live.map; }
   grep -q "^  *0 .*dirty" live.map && { bad "$build: writes before the add are in it"; cat live.map; }
   start_serve "$build" pid --export name=vm0,file=ctl.qcow2 --socket "$work/s.sock" --control "$work/c.sock"
@@ -101,11 +88,7 @@ qemu-img create -q -f qcow2 db.qcow2 16M
 qemu-io -c 'write 4M 2M' db.qcow2 >/dev/null
 qemu-img create -q -f qcow2 -b db.qcow2 -F qcow2 dt.qcow2
 qemu-io -c 'write 5M 2M' -c 'write -z 10M 1M' dt.qcow2 >/dev/null
-qemu-nbd -r -t -k "$work/q.sock" -f qcow2 -A dt.qcow2 >/dev/null 2>&1 &
-p=$!
-for i in $(seq 100); do [ -S "$work/q.sock" ] && break; sleep 0.05; done
-nbdinfo --map=qemu:allocation-depth "nbd+unix:///?socket=$work/q.sock" >want.depth
-kill $p; wait $p 2>/dev/null; rm -f "$work/q.sock"
+nbdinfo --map=qemu:allocation-depth -- [ qemu-nbd -r -f qcow2 -A dt.qcow2 ] >want.depth
 grep -q "backing depth 2" want.depth || bad "qemu-nbd shows no backing depth: the comparison would be empty"
 for build in "$QK_PLAIN" "$QK_ASAN"; do
   [ -x "$build" ] || continue
