@@ -416,7 +416,11 @@ static void handle_epoll(QkLoop *loop, int timeout_ms)
  * requests queued in this iteration go in with the wait for completions,
  * one system call (see QkAioBackend.submit_wait). The loop then blocks
  * even when coroutines ran in this iteration, but only until a completion
- * or a timer: one of those is what they wait for. */
+ * or a timer: one of those is what they wait for.
+ * Returns true when it made progress: it waited, or a reap before the
+ * wait completed requests. A reap runs the waiting coroutines to their
+ * next yield, so it may have finished what the caller waits for; the
+ * iteration must end there, not go on to block with nothing in flight. */
 static bool try_submit_wait(QkLoop *loop)
 {
     if (!loop->ops.submit_wait || loop->fd_waiters || loop->wake_head || loop->cb_head) {
@@ -426,10 +430,13 @@ static bool try_submit_wait(QkLoop *loop)
     if (loop->bg) {
         bg_in_flight = loop->bg_ops.submit(loop->bg);
         if (loop->bg_ops.reap(loop->bg)) {
-            return false;
+            return true;
         }
     }
-    if (bg_in_flight || loop->ops.reap(loop->backend) || loop->wake_head || loop->cb_head) {
+    if (loop->ops.reap(loop->backend)) {
+        return true;
+    }
+    if (bg_in_flight || loop->wake_head || loop->cb_head) {
         return false;
     }
     int64_t timeout_ns = -1;
