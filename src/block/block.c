@@ -454,6 +454,14 @@ static void coroutine_fn write_begin(QkBlock *bs, QkWriteKind kind, uint64_t off
         qk_co_queue_wait(&bs->quiesce_waiters);
     }
     bs->in_flight++;
+    /* A hook is removed only while the node is quiesced, which waits for
+     * this request, and added at the head: the rest of the list stays
+     * valid while a hook yields. */
+    for (QkWriteHook *h = bs->write_hooks; h; h = h->next) {
+        if (h->copy_before_write) {
+            h->copy_before_write(h, bs, kind, off, bytes);
+        }
+    }
     for (QkWriteHook *h = bs->write_hooks; h; h = h->next) {
         if (h->before_write) {
             h->before_write(h, bs, kind, off, bytes);
@@ -469,7 +477,7 @@ static int coroutine_fn write_end(QkBlock *bs, int r, QkWriteKind kind, uint64_t
     qk_dirty_bitmaps_mark_all(bs, off, bytes);
     for (QkWriteHook *h = bs->write_hooks; h; h = h->next) {
         if (r == 0) {
-            r = h->after_write(h, bs, kind, off, bytes, qiov, qiov_off, flags);
+            r = h->after_write ? h->after_write(h, bs, kind, off, bytes, qiov, qiov_off, flags) : 0;
         } else if (h->write_failed) {
             h->write_failed(h, bs, kind, off, bytes);
         }

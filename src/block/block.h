@@ -248,7 +248,7 @@ typedef enum QkWriteKind {
 /* A hook runs after every successful modification of a node and before
  * the request completes; an error it returns fails the request. Used by
  * write-blocking mirror to copy each new write to the target. qiov is NULL
- * for zeroes and discard. */
+ * for zeroes and discard. after_write may be NULL. */
 typedef struct QkWriteHook {
     int coroutine_fn (*after_write)(struct QkWriteHook *h, QkBlock *bs, QkWriteKind kind,
                                     uint64_t off, uint64_t bytes, QkIov *qiov, size_t qiov_off,
@@ -260,6 +260,12 @@ typedef struct QkWriteHook {
                          uint64_t off, uint64_t bytes);
     void (*write_failed)(struct QkWriteHook *h, QkBlock *bs, QkWriteKind kind,
                          uint64_t off, uint64_t bytes);
+    /* Optional: runs when the request enters, before before_write, and may
+     * yield: the range still holds its old contents until it returns (a
+     * backup job copies them aside). The request counts as in flight, so
+     * a quiesce waits for it. */
+    void coroutine_fn (*copy_before_write)(struct QkWriteHook *h, QkBlock *bs, QkWriteKind kind,
+                                           uint64_t off, uint64_t bytes);
     void *opaque;
     struct QkWriteHook *next;
 } QkWriteHook;

@@ -65,6 +65,17 @@ static void bm_free(QkDirtyBitmap *bm)
     free(bm);
 }
 
+int coroutine_fn qk_co_dirty_bitmap_begin_change(QkBlock *bs, QkDirtyBitmap *bm, QkError *err)
+{
+    if (bm->inconsistent) {
+        return qk_error_set(err, -EINVAL, "Bitmap '%s' is inconsistent and cannot be used", bm->name);
+    }
+    if (bm->busy) {
+        return qk_error_set(err, -EBUSY, "Bitmap '%s' is in use", bm->name);
+    }
+    return bs->drv->co_bitmap_begin_change ? bs->drv->co_bitmap_begin_change(bs, bm, err) : 0;
+}
+
 int qk_dirty_bitmap_remove(QkBlock *bs, QkDirtyBitmap *bm, QkError *err)
 {
     if (bm->busy) {

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "aio/coroutine.h"
 #include "util/error.h"
 #include "util/hbitmap.h"
 
@@ -36,6 +37,10 @@ typedef struct QkDirtyBitmap {
 /* Adds a bitmap; name must be unique on bs (NULL for an anonymous one). */
 QkDirtyBitmap *qk_dirty_bitmap_add(QkBlock *bs, const char *name, uint64_t granularity, QkError *err);
 QkDirtyBitmap *qk_dirty_bitmap_find(QkBlock *bs, const char *name);
+/* Before a bitmap is cleared, merged into or otherwise changed by a
+ * request: refuses one that is inconsistent or in use (-EINVAL, -EBUSY),
+ * and has the image mark a stored copy in use first. May yield. */
+int coroutine_fn qk_co_dirty_bitmap_begin_change(QkBlock *bs, QkDirtyBitmap *bm, QkError *err);
 /* Fails with -EBUSY while the bitmap is in use. */
 int qk_dirty_bitmap_remove(QkBlock *bs, QkDirtyBitmap *bm, QkError *err);
 void qk_dirty_bitmap_remove_all(QkBlock *bs);

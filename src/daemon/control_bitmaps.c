@@ -44,18 +44,6 @@ static QkDirtyBitmap *find_bitmap(QkBlock *bs, json_t *args, const char *key, Qk
     return bm;
 }
 
-/* A bitmap about to change: usable, not busy, its stored copy marked. */
-static int coroutine_fn begin_change(QkBlock *bs, QkDirtyBitmap *bm, QkError *err)
-{
-    if (bm->inconsistent) {
-        return qk_error_set(err, -EINVAL, "Bitmap '%s' is inconsistent and cannot be used", bm->name);
-    }
-    if (bm->busy) {
-        return qk_error_set(err, -EBUSY, "Bitmap '%s' is in use", bm->name);
-    }
-    return bs->drv->co_bitmap_begin_change ? bs->drv->co_bitmap_begin_change(bs, bm, err) : 0;
-}
-
 static json_t *coroutine_fn cmd_add(QkDaemon *d, json_t *args, QkError *err)
 {
     const char *name;
@@ -111,7 +99,7 @@ static json_t *coroutine_fn cmd_clear(QkDaemon *d, json_t *args, QkError *err)
 {
     QkBlock *bs = export_node(d, args, err);
     QkDirtyBitmap *bm = bs ? find_bitmap(bs, args, "name", err) : NULL;
-    if (!bm || begin_change(bs, bm, err) < 0) {
+    if (!bm || qk_co_dirty_bitmap_begin_change(bs, bm, err) < 0) {
         return NULL;
     }
     qk_dirty_bitmap_clear(bm);
@@ -122,7 +110,7 @@ static json_t *coroutine_fn set_enabled(QkDaemon *d, json_t *args, bool on, QkEr
 {
     QkBlock *bs = export_node(d, args, err);
     QkDirtyBitmap *bm = bs ? find_bitmap(bs, args, "name", err) : NULL;
-    if (!bm || (bm->enabled != on && begin_change(bs, bm, err) < 0)) {
+    if (!bm || (bm->enabled != on && qk_co_dirty_bitmap_begin_change(bs, bm, err) < 0)) {
         return NULL;
     }
     qk_dirty_bitmap_set_enabled(bm, on);
@@ -167,7 +155,7 @@ static json_t *coroutine_fn cmd_merge(QkDaemon *d, json_t *args, QkError *err)
             return NULL;
         }
     }
-    if (begin_change(bs, dst, err) < 0) {
+    if (qk_co_dirty_bitmap_begin_change(bs, dst, err) < 0) {
         return NULL;
     }
     json_array_foreach(srcs, i, v) {

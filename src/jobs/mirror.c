@@ -20,6 +20,7 @@
 #include "aio/task_pool.h"
 #include "block/dirty_bitmap.h"
 #include "util/checked.h"
+#include "util/names.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -98,13 +99,11 @@ static const QkJobDriver mirror_driver;
 int qk_mirror_priority_parse(const char *s, QkMirrorPriority *prio)
 {
     static const char *const names[] = {"auto", "low", "normal"};
-    for (int i = 0; i < 3; i++) {
-        if (strcmp(s, names[i]) == 0) {
-            *prio = (QkMirrorPriority)i;
-            return 0;
-        }
+    int i = qk_name_index(names, sizeof(names) / sizeof(names[0]), s);
+    if (i >= 0) {
+        *prio = (QkMirrorPriority)i;
     }
-    return -EINVAL;
+    return i < 0 ? i : 0;
 }
 
 int qk_mirror_mode_parse(const char *s, QkMirrorMode *mode)
