@@ -20,11 +20,30 @@ static const char usage[] =
     "\n"
     "Sends {\"execute\": COMMAND, \"arguments\": {KEY: VALUE...}} to the control socket\n"
     "of 'qcowkit serve' and prints the reply. VALUE is sent as a number when it is\n"
-    "an integer, as a boolean for true/false, else as a string. Exits 1 when the\n"
+    "an integer, as a boolean for true/false, as JSON when it is a JSON list or\n"
+    "object ('[\"b1\",\"b2\"]'), else as a string. Exits 1 when the\n"
     "reply is an error.\n"
     "\n"
     "Commands: query-exports, export-add name=N file=F [format=F] [readonly=true]\n"
-    "          [cache=MODE] [cache-size=SIZE], export-del name=N, query-jobs, quit\n";
+    "          [cache=MODE] [cache-size=SIZE], export-del name=N, quit\n"
+    "  jobs:   mirror-start export=E target=T [mode=background|write-blocking] ...,\n"
+    "          backup-start export=E target=T sync=full|incremental|bitmap\n"
+    "          [bitmap=B] [bitmap-mode=on-success|never|always] [backing=PREV]\n"
+    "          [backing-format=F] [format=F] [target-cache=MODE] [speed=RATE]\n"
+    "          [granularity=SIZE] [id=J], query-jobs, job-complete id=J [switch=true],\n"
+    "          job-cancel id=J [wait=true], job-set-speed id=J speed=RATE,\n"
+    "          job-pause id=J, job-resume id=J, job-dismiss id=J\n"
+    "  bitmaps: block-dirty-bitmap-add export=E name=B [granularity=SIZE]\n"
+    "          [persistent=true] [disabled=true], block-dirty-bitmap-remove|clear|\n"
+    "          enable|disable export=E name=B, block-dirty-bitmap-merge export=E\n"
+    "          target=B bitmaps='[\"B1\",...]', block-dirty-bitmap-query [export=E]\n"
+    "\n"
+    "backup-start copies the export as it is when the job starts, while its clients\n"
+    "keep writing: a write to a range not copied yet first copies the old data to\n"
+    "the target. A target that does not exist is created (over backing, the previous\n"
+    "backup, for an increment). With a bitmap, the bitmap records the writes made\n"
+    "since the start; it gets back what the job took if the job fails or is\n"
+    "cancelled (bitmap-mode on-success, the only mode of sync=incremental).\n";
 
 static json_t *auto_value(const char *v)
 {
@@ -33,6 +52,12 @@ static json_t *auto_value(const char *v)
     }
     if (!strcmp(v, "false")) {
         return json_false();
+    }
+    if (*v == '[' || *v == '{') {
+        json_t *j = json_loads(v, 0, NULL);
+        if (j) {
+            return j;
+        }
     }
     if (*v) {
         char *end;

@@ -1,5 +1,5 @@
 /*
- * Control commands for long-running jobs: mirror-start, query-jobs,
+ * Control commands for long-running jobs: mirror-start, backup-start, query-jobs,
  * job-complete (optionally switching the export to the target), job-cancel,
  * job-set-speed, job-pause, job-resume, job-dismiss.
  *
@@ -9,6 +9,8 @@
  */
 #include "daemon/control.h"
 #include "aio/loop.h"
+#include "block/dirty_bitmap.h"
+#include "jobs/backup.h"
 #include "jobs/mirror.h"
 
 #include <errno.h>
@@ -87,6 +89,26 @@ static QkJob *find_job(json_t *args, QkError *err)
     return job;
 }
 
+/* Refuses a target that is a file of the export's own node or chain: a
+ * second read-write opening of an image in use corrupts it (nothing locks
+ * images against another opener yet). */
+static int check_target_not_source(QkBlock *src, const char *target, QkError *err)
+{
+    struct stat t, n;
+    if (qk_block_is_nbd_uri(target) || stat(target, &t) != 0) {
+        return 0;
+    }
+    for (QkBlock *b = src; b; b = b->backing) {
+        for (QkBlock *f = b; f; f = f->file) {
+            if (f->filename && stat(f->filename, &n) == 0 && n.st_dev == t.st_dev && n.st_ino == t.st_ino) {
+                return qk_error_set(err, -EBUSY, "Target '%s' is the export's image or one of its backing files",
+                                    target);
+            }
+        }
+    }
+    return 0;
+}
+
 /* Under quiesce of the source: the export now serves the target. */
 static void switch_export(void *opaque, QkBlock *source, QkBlock *target)
 {
@@ -109,6 +131,82 @@ static void coroutine_fn job_finished(QkJob *job, void *opaque)
         qk_co_block_close(c->target);
     }
     c->source = c->target = NULL;
+}
+
+/* What every job start checks first: the export (returned), a free job
+ * id, the target's cache mode, no other job on the export, and a target
+ * that is not the export's own image. */
+static QkNbdExport *check_job_args(QkDaemon *d, const char *exp_name, const char *id, const char *tcache,
+                                   const char *target, QkError *err)
+{
+    QkNbdExport *e = qk_nbd_server_find_export(qk_daemon_nbd_server(d), exp_name);
+    if (!e) {
+        qk_error_set(err, -ENOENT, "Export '%s' not found", exp_name);
+        return NULL;
+    }
+    if (id && qk_job_find(id)) {
+        qk_error_set(err, -EEXIST, "Job ID '%s' is already in use", id);
+        return NULL;
+    }
+    int dummy = 0;
+    if (tcache && qk_cache_mode_parse(tcache, &dummy) < 0) {
+        qk_error_set(err, -EINVAL, "Parameter 'target-cache' expects none, writeback, writethrough, directsync or unsafe");
+        return NULL;
+    }
+    if (check_export_idle(exp_name, err) < 0 || check_target_not_source(e->bs, target, err) < 0) {
+        return NULL;
+    }
+    return e;
+}
+
+/* Opens a job's target and records the job's context for the export
+ * (registered, so a second job on it is refused while this one starts).
+ * Returns NULL with err set; the target is closed again then. */
+static JobCtx *coroutine_fn open_target_ctx(QkDaemon *d, const char *exp_name, const char *target,
+                                            const char *format, const char *tcache, QkError *err)
+{
+    QkOpenOptions to = {.flags = QK_OPEN_RDWR, .format = format};
+    const char *tcache_used;
+    QkBlock *tbs = qk_mirror_open_target(target, &to, tcache, &tcache_used, err);
+    if (!tbs) {
+        qk_error_prefix(err, "Could not open target '%s'", target);
+        return NULL;
+    }
+    /* The export may have gone, or another job taken it, while we yielded. */
+    QkNbdExport *e = qk_nbd_server_find_export(qk_daemon_nbd_server(d), exp_name);
+    if (e && check_export_idle(exp_name, err) < 0) {
+        qk_co_block_close(tbs);
+        return NULL;
+    }
+    JobCtx *c = calloc(1, sizeof(*c));
+    if (!e || !c || !(c->export_name = strdup(exp_name))) {
+        free(c);
+        qk_co_block_close(tbs);
+        qk_error_set(err, e ? -ENOMEM : -ENOENT, e ? "out of memory" : "Export '%s' is gone", exp_name);
+        return NULL;
+    }
+    c->d = d;
+    c->source = e->bs;
+    c->target = tbs;
+    c->target_cache = tcache_used; /* a static string */
+    c->next = contexts;
+    contexts = c;
+    return c;
+}
+
+/* Hands the context to a job that started, or undoes it. */
+static json_t *coroutine_fn ctx_attach(JobCtx *c, QkJob *job)
+{
+    if (!job) {
+        QkBlock *tbs = c->target;
+        ctx_free(c);
+        qk_co_block_close(tbs);
+        return NULL;
+    }
+    c->job = job;
+    job->on_finished = job_finished;
+    job->finished_opaque = c;
+    return json_pack("{s:s}", "id", job->id);
 }
 
 static json_t *coroutine_fn cmd_mirror_start(QkDaemon *d, json_t *args, QkError *err)
@@ -145,21 +243,8 @@ static json_t *coroutine_fn cmd_mirror_start(QkDaemon *d, json_t *args, QkError 
         return NULL;
     }
     o.max_in_flight = (int)in_flight;
-    QkNbdExport *e = qk_nbd_server_find_export(qk_daemon_nbd_server(d), exp_name);
+    QkNbdExport *e = check_job_args(d, exp_name, id, tcache, target, err);
     if (!e) {
-        qk_error_set(err, -ENOENT, "Export '%s' not found", exp_name);
-        return NULL;
-    }
-    if (id && qk_job_find(id)) {
-        qk_error_set(err, -EEXIST, "Job ID '%s' is already in use", id);
-        return NULL;
-    }
-    int dummy = 0;
-    if (tcache && qk_cache_mode_parse(tcache, &dummy) < 0) {
-        qk_error_set(err, -EINVAL, "Parameter 'target-cache' expects none, writeback, writethrough, directsync or unsafe");
-        return NULL;
-    }
-    if (check_export_idle(exp_name, err) < 0) {
         return NULL;
     }
     /* A local target that does not exist yet is created like the source. */
@@ -173,44 +258,79 @@ static json_t *coroutine_fn cmd_mirror_start(QkDaemon *d, json_t *args, QkError 
         }
         o.target_is_zero = true;
     }
-    QkOpenOptions to = {.flags = QK_OPEN_RDWR, .format = format};
-    const char *tcache_used;
-    QkBlock *tbs = qk_mirror_open_target(target, &to, tcache, &tcache_used, err);
-    if (!tbs) {
-        qk_error_prefix(err, "Could not open target '%s'", target);
+    JobCtx *c = open_target_ctx(d, exp_name, target, format, tcache, err);
+    if (!c) {
         return NULL;
     }
-    /* The export may have gone, or another job taken it, while we yielded. */
-    e = qk_nbd_server_find_export(qk_daemon_nbd_server(d), exp_name);
-    if (e && check_export_idle(exp_name, err) < 0) {
-        qk_co_block_close(tbs);
-        return NULL;
-    }
-    JobCtx *c = calloc(1, sizeof(*c));
-    if (!e || !c || !(c->export_name = strdup(exp_name))) {
-        free(c);
-        qk_co_block_close(tbs);
-        qk_error_set(err, e ? -ENOMEM : -ENOENT, e ? "out of memory" : "Export '%s' is gone", exp_name);
-        return NULL;
-    }
-    c->d = d;
-    c->source = e->bs;
-    c->target = tbs;
-    c->target_cache = tcache_used; /* a static string */
     o.switch_fn = switch_export;
     o.switch_opaque = c;
-    c->next = contexts;
-    contexts = c;
-    QkJob *job = qk_mirror_start(id, e->bs, tbs, &o, err);
-    if (!job) {
-        ctx_free(c);
-        qk_co_block_close(tbs);
+    return ctx_attach(c, qk_mirror_start(id, c->source, c->target, &o, err));
+}
+
+/* A push backup of an export to a target file: the image as it was at the
+ * start, whatever the export's clients write meanwhile. A target that does
+ * not exist is created (qcow2 unless format says otherwise, over backing
+ * when given: the previous backup of an incremental chain). */
+static json_t *coroutine_fn cmd_backup_start(QkDaemon *d, json_t *args, QkError *err)
+{
+    const char *exp_name, *target, *format, *id, *sync, *bitmap, *bmode, *backing, *bfmt, *tcache;
+    QkBackupOptions o = {0};
+    if (qk_control_arg_string(args, "export", true, &exp_name, err) < 0 ||
+        qk_control_arg_string(args, "target", true, &target, err) < 0 ||
+        qk_control_arg_string(args, "sync", true, &sync, err) < 0 ||
+        qk_control_arg_string(args, "format", false, &format, err) < 0 ||
+        qk_control_arg_string(args, "id", false, &id, err) < 0 ||
+        qk_control_arg_string(args, "bitmap", false, &bitmap, err) < 0 ||
+        qk_control_arg_string(args, "bitmap-mode", false, &bmode, err) < 0 ||
+        qk_control_arg_string(args, "backing", false, &backing, err) < 0 ||
+        qk_control_arg_string(args, "backing-format", false, &bfmt, err) < 0 ||
+        qk_control_arg_string(args, "target-cache", false, &tcache, err) < 0 ||
+        qk_control_arg_size(args, "speed", &o.speed, err) < 0 ||
+        qk_control_arg_size(args, "granularity", &o.granularity, err) < 0) {
         return NULL;
     }
-    c->job = job;
-    job->on_finished = job_finished;
-    job->finished_opaque = c;
-    return json_pack("{s:s}", "id", job->id);
+    if (qk_backup_sync_parse(sync, &o.sync) < 0) {
+        qk_error_set(err, -EINVAL, "Parameter 'sync' expects 'full', 'incremental' or 'bitmap'");
+        return NULL;
+    }
+    if (bmode && qk_backup_bitmap_mode_parse(bmode, &o.bitmap_mode) < 0) {
+        qk_error_set(err, -EINVAL, "Parameter 'bitmap-mode' expects 'on-success', 'never' or 'always'");
+        return NULL;
+    }
+    if (bmode && !bitmap) {
+        qk_error_set(err, -EINVAL, "Cannot specify bitmap sync mode without a bitmap");
+        return NULL;
+    }
+    o.bitmap = bitmap;
+    QkNbdExport *e = check_job_args(d, exp_name, id, tcache, target, err);
+    if (!e) {
+        return NULL;
+    }
+    if (bitmap && !qk_dirty_bitmap_find(e->bs, bitmap)) {
+        qk_error_set(err, -ENOENT, "Dirty bitmap '%s' not found", bitmap);
+        return NULL;
+    }
+    struct stat sb;
+    if (qk_block_is_nbd_uri(target) || stat(target, &sb) == 0) {
+        if (backing) {
+            qk_error_set(err, -EEXIST, "Target '%s' exists: 'backing' is only for a target the job creates", target);
+            return NULL;
+        }
+    } else {
+        QkCreateOptions co = {.format = format ? format : "qcow2",
+                              .size = (uint64_t)qk_block_length(e->bs), .size_set = true,
+                              .backing_file = backing, .backing_fmt = backing ? (bfmt ? bfmt : "qcow2") : NULL};
+        if (qk_co_block_create(target, &co, err) < 0) {
+            qk_error_prefix(err, "Could not create '%s'", target);
+            return NULL;
+        }
+        o.target_is_zero = !backing;
+    }
+    JobCtx *c = open_target_ctx(d, exp_name, target, format, tcache, err);
+    if (!c) {
+        return NULL;
+    }
+    return ctx_attach(c, qk_backup_start(id, c->source, c->target, &o, err));
 }
 
 static json_t *job_json(QkJob *job)
@@ -245,6 +365,18 @@ static json_t *job_json(QkJob *job)
     if (job->bytes_done) {
         json_object_set_new(o, "cpu-ms-per-gib",
                             json_integer((json_int_t)((double)cpu / 1e6 * (double)(1ULL << 30) / (double)job->bytes_done)));
+    }
+    if (qk_job_is_backup(job)) {
+        QkBackupStats st;
+        qk_backup_get_stats(job, &st);
+        json_object_set_new(o, "granularity", json_integer((json_int_t)st.granularity));
+        json_object_set_new(o, "cbw-copies", json_integer((json_int_t)st.cbw_copies));
+        json_object_set_new(o, "writer-wait-ms", json_integer((json_int_t)(st.cbw_wait_ns / 1000000)));
+        JobCtx *c = ctx_of(job);
+        if (c) {
+            json_object_set_new(o, "export", json_string(c->export_name));
+            json_object_set_new(o, "target-cache", json_string(c->target_cache));
+        }
     }
     if (qk_job_is_mirror(job)) {
         QkMirrorStats st;
@@ -390,6 +522,10 @@ static const char *const start_params[] = {
     "export", "target", "format", "id", "mode", "speed", "granularity", "buf-size",
     "max-in-flight", "ready-threshold", "rescan-per-chunk", "chase-writes", "copy-priority", "target-cache", NULL,
 };
+static const char *const backup_params[] = {
+    "export", "target", "sync", "format", "id", "bitmap", "bitmap-mode", "backing", "backing-format",
+    "target-cache", "speed", "granularity", NULL,
+};
 static const char *const id_params[] = {"id", NULL};
 static const char *const complete_params[] = {"id", "switch", "wait", NULL};
 static const char *const cancel_params[] = {"id", "wait", NULL};
@@ -398,6 +534,7 @@ static const char *const speed_params[] = {"id", "speed", NULL};
 static const QkControlCommand cmds[] = {
     {"query-jobs", cmd_query_jobs, NULL},
     {"mirror-start", cmd_mirror_start, start_params},
+    {"backup-start", cmd_backup_start, backup_params},
     {"job-complete", cmd_job_complete, complete_params},
     {"job-cancel", cmd_job_cancel, cancel_params},
     {"job-set-speed", cmd_job_set_speed, speed_params},

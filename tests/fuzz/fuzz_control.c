@@ -6,7 +6,8 @@
  * reply serialized as the socket would. Every input starts from the same
  * state: jobs are cancelled and the server shut down after it.
  *
- * Commands name files (export-add's "file", mirror-start's "target"); the
+ * Commands name files (export-add's "file", mirror-start's and
+ * backup-start's "target", backup-start's "backing"); the
  * harness keeps them inside its private scratch directory by replacing any
  * name that is not a plain file name there with "img", a copy of the base
  * image, so a fuzz run can neither touch other files nor reach the
@@ -55,7 +56,7 @@ static char *sandboxed(const char *line, size_t len)
     json_t *req = json_loadb(line, len, 0, NULL);
     json_t *args = json_object_get(req, "arguments");
     bool changed = false;
-    static const char *const keys[] = {"file", "target"};
+    static const char *const keys[] = {"file", "target", "backing"};
     for (size_t i = 0; json_is_object(args) && i < sizeof(keys) / sizeof(keys[0]); i++) {
         json_t *v = json_object_get(args, keys[i]);
         if (json_is_string(v) && !safe_name(json_string_value(v))) {

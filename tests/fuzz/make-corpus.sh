@@ -112,6 +112,13 @@ ctl mirror '{"execute":"mirror-start","arguments":{"export":"e0","target":"t1","
 ctl mirror-cancel '{"execute":"mirror-start","arguments":{"export":"e0","target":"t2","format":"raw"}}
 {"execute":"job-cancel","arguments":{"id":"mirror0","wait":true}}
 {"execute":"query-jobs"}'
+ctl backup '{"execute":"block-dirty-bitmap-add","arguments":{"export":"e0","name":"b","persistent":true}}
+{"execute":"backup-start","arguments":{"export":"e0","target":"t1","sync":"full","bitmap":"b","id":"f","speed":"1M","granularity":"64k","target-cache":"writeback"}}
+{"execute":"query-jobs"}
+{"execute":"job-cancel","arguments":{"id":"f","wait":true}}
+{"execute":"job-dismiss","arguments":{"id":"f"}}
+{"execute":"backup-start","arguments":{"export":"e0","target":"t2","sync":"incremental","bitmap":"b","backing":"t1","backing-format":"qcow2","id":"i"}}
+{"execute":"block-dirty-bitmap-query"}'
 ctl bitmaps '{"execute":"block-dirty-bitmap-add","arguments":{"export":"e0","name":"b","granularity":"64k","disabled":false}}
 {"execute":"block-dirty-bitmap-add","arguments":{"export":"e0","name":"c"}}
 {"execute":"block-dirty-bitmap-disable","arguments":{"export":"e0","name":"b"}}

@@ -14,36 +14,6 @@
 ctl() { "$BIN" ctl ctl.sock "$@"; }
 job_field() { ctl query-jobs | sed -n "s/.*\"$1\": \"\{0,1\}\([^\",]*\)\"\{0,1\},\{0,1\}$/\1/p" | head -n 1; }
 
-# writer URI SEED ROUNDS LOG: 64 KiB writes at random 64 KiB-aligned offsets,
-# each qemu-io run logged only once it succeeded.
-writer() {
-  local uri=$1 rounds=$3 log=$4 r i off pat args lines
-  RANDOM=$2
-  : > "$log"
-  for r in $(seq "$rounds"); do
-    args=() lines=""
-    for i in $(seq 16); do
-      off=$(( (RANDOM % 1024) * 65536 ))
-      pat=$(( RANDOM % 255 + 1 ))
-      args+=(-c "write -P $pat $off 64k")
-      lines+="$off $pat"$'\n'
-    done
-    qemu-io -f raw "${args[@]}" "$uri" > wout.txt 2>&1 || { cat wout.txt; echo "writer failed"; return 1; }
-    ! grep -qi 'error' wout.txt || { cat wout.txt; echo "a guest write failed"; return 1; }
-    printf '%s' "$lines" >> "$log"
-    [ -e stop.writer ] && break
-  done
-  return 0
-}
-
-verify() { # URI LOG
-  tac "$2" | awk '!seen[$1]++' | sort -n > final.txt
-  local args=() off pat
-  while read -r off pat; do args+=(-c "read -P $pat $off 64k"); done < final.txt
-  qemu-io -f raw "${args[@]}" "$1" > verify.txt || fail "verify read"
-  ! grep -q 'Pattern verification failed' verify.txt || fail "a guest write is missing on the source"
-}
-
 wait_failed() { # what the job must have said
   local i st
   for i in $(seq 300); do
@@ -68,7 +38,7 @@ run_case() { # binary mode rule
   QCOWKIT_INJECT="$rule:file=dst.qcow2" start_serve "$BIN" pid --socket "$sock" --control "$PWD/ctl.sock" \
     --export "name=disk,file=src.qcow2,format=qcow2"
   local pid=$SERVE_PID
-  writer "$uri" 4242 60 w.log &
+  nbd_writer "$uri" 4242 60 w.log &
   local wpid=$!
   sleep 0.3
   ctl mirror-start export=disk target="$PWD/dst.qcow2" mode="$mode" id=m > /dev/null \
@@ -93,7 +63,7 @@ run_case() { # binary mode rule
   touch stop.writer
   wait "$wpid" || fail "$name: the guest's writes failed"
   ctl query-exports | grep -q '"file": ".*src.qcow2"' || { ctl query-exports; fail "$name: export switched"; }
-  verify "$uri" w.log
+  nbd_verify "$uri" w.log
   stop_serve "$pid"
   qemu-img check -q src.qcow2 || fail "$name: source check"
   local st=0

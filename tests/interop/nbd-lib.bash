@@ -74,3 +74,36 @@ netns_pair() {
   ip -n "$ns1" link set "${tag}v1" up
   ip -n "$ns2" link set "${tag}v2" up
 }
+
+# nbd_writer URI SEED ROUNDS LOG: rounds of 16 64 KiB writes (qemu-io) at
+# random 64 KiB-aligned offsets of the first 64 MiB, each round logged
+# ("OFFSET PATTERN" lines) only once it succeeded; stops early when the
+# file stop.writer appears.
+nbd_writer() {
+  local uri=$1 rounds=$3 log=$4 r i off pat args lines
+  RANDOM=$2
+  : > "$log"
+  for r in $(seq "$rounds"); do
+    args=() lines=""
+    for i in $(seq 16); do
+      off=$(( (RANDOM % 1024) * 65536 ))
+      pat=$(( RANDOM % 255 + 1 ))
+      args+=(-c "write -P $pat $off 64k")
+      lines+="$off $pat"$'\n'
+    done
+    qemu-io -f raw "${args[@]}" "$uri" > wout.txt 2>&1 || { cat wout.txt; echo "writer failed"; return 1; }
+    ! grep -qi 'error' wout.txt || { cat wout.txt; echo "a guest write failed"; return 1; }
+    printf '%s' "$lines" >> "$log"
+    [ -e stop.writer ] && break
+  done
+  return 0
+}
+
+# nbd_verify URI LOG: the last write nbd_writer logged at each offset reads back.
+nbd_verify() {
+  tac "$2" | awk '!seen[$1]++' | sort -n > final.txt
+  local args=() off pat
+  while read -r off pat; do args+=(-c "read -P $pat $off 64k"); done < final.txt
+  qemu-io -f raw "${args[@]}" "$1" > verify.txt || fail "verify read"
+  ! grep -q 'Pattern verification failed' verify.txt || fail "a guest write is missing on the source"
+}
