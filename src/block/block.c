@@ -93,6 +93,11 @@ static QkBlock *node_new(const QkBlockDriver *drv, const char *filename, int fla
     return bs;
 }
 
+QkBlock *qk_block_new_node(const QkBlockDriver *drv, const char *name, bool read_only)
+{
+    return node_new(drv, name, read_only ? 0 : QK_OPEN_RDWR);
+}
+
 static void node_free(QkBlock *bs)
 {
     free(bs->opaque);

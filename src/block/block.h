@@ -270,6 +270,11 @@ typedef struct QkWriteHook {
     struct QkWriteHook *next;
 } QkWriteHook;
 
+/* A node of a driver that is not opened by name (a view another part of
+ * the engine provides): no file, no backing; its driver state (zeroed,
+ * instance_size bytes) is for the caller to fill. Closed as any node. */
+QkBlock *qk_block_new_node(const QkBlockDriver *drv, const char *name, bool read_only);
+
 void qk_block_add_write_hook(QkBlock *bs, QkWriteHook *h);
 void qk_block_remove_write_hook(QkBlock *bs, QkWriteHook *h);
 /* Holds new writes, zero writes and discards at the entry point (reads go

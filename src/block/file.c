@@ -14,6 +14,7 @@
  * Owns: host fd, alignment, bounce buffers, RMW serialisation.
  */
 #include "block/block.h"
+#include "block/debug.h"
 #include "block/writelog.h"
 #include "aio/aio.h"
 #include "aio/loop.h"
@@ -237,6 +238,7 @@ static int coroutine_fn file_preadv(QkBlock *bs, uint64_t off, uint64_t bytes, Q
                                     size_t qiov_off, int flags)
 {
     FileState *s = bs->opaque;
+    qk_block_debug_event(QK_DBG_READ_AIO);
     QkIov sub;
     qk_iov_init(&sub, qiov->niov);
     qk_iov_concat(&sub, qiov, qiov_off, bytes);

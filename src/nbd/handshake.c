@@ -162,11 +162,13 @@ static int coroutine_fn opt_list(QkNbdClient *c, uint32_t len)
     return r < 0 ? r : opt_reply(c, NBD_OPT_LIST, NBD_REP_ACK, NULL, 0);
 }
 
-/* The bitmaps an export offers as qemu:dirty-bitmap:NAME: its image's
- * persistent bitmaps that can be used (not left in use by a crash). */
+/* The bitmaps an export offers as qemu:dirty-bitmap:NAME: its node's
+ * named bitmaps that can be used (not left in use by a crash): the
+ * image's persistent ones, those added over the control socket, and on a
+ * backup's point-in-time export the bitmap as of the backup's start. */
 static bool offered(const QkDirtyBitmap *bm)
 {
-    return bm->persistent && !bm->inconsistent && bm->name;
+    return !bm->inconsistent && bm->name;
 }
 
 typedef struct MetaMatch {
