@@ -27,10 +27,12 @@ static const char usage[] =
     "Commands: query-exports, export-add name=N file=F [format=F] [readonly=true]\n"
     "          [cache=MODE] [cache-size=SIZE], export-del name=N, quit\n"
     "  jobs:   mirror-start export=E target=T [mode=background|write-blocking] ...,\n"
-    "          backup-start export=E target=T sync=full|incremental|bitmap\n"
+    "          backup-start export=E target=T sync=full|incremental|bitmap|none\n"
     "          [bitmap=B] [bitmap-mode=on-success|never|always] [backing=PREV]\n"
     "          [backing-format=F] [format=F] [target-cache=MODE] [speed=RATE]\n"
-    "          [granularity=SIZE] [id=J], query-jobs, job-complete id=J [switch=true],\n"
+    "          [granularity=SIZE] [id=J],\n"
+    "          backup-export-start export=E name=VIEW [bitmap=B] [file=TEMP] [id=J],\n"
+    "          query-jobs, job-complete id=J [switch=true],\n"
     "          job-cancel id=J [wait=true], job-set-speed id=J speed=RATE,\n"
     "          job-pause id=J, job-resume id=J, job-dismiss id=J\n"
     "  bitmaps: block-dirty-bitmap-add export=E name=B [granularity=SIZE]\n"
@@ -43,7 +45,12 @@ static const char usage[] =
     "the target. A target that does not exist is created (over backing, the previous\n"
     "backup, for an increment). With a bitmap, the bitmap records the writes made\n"
     "since the start; it gets back what the job took if the job fails or is\n"
-    "cancelled (bitmap-mode on-success, the only mode of sync=incremental).\n";
+    "cancelled (bitmap-mode on-success, the only mode of sync=incremental).\n"
+    "backup-export-start exports the same point in time read-only as VIEW, with\n"
+    "the bitmap as of that moment as its qemu:dirty-bitmap:B context, for a backup\n"
+    "client to pull (old data the clients of E overwrite is kept in TEMP, by default\n"
+    "a new file under $TMPDIR or /var/tmp); job-complete ends it, job-cancel too and\n"
+    "gives the bitmap back; either removes VIEW and TEMP.\n";
 
 static json_t *auto_value(const char *v)
 {

@@ -23,6 +23,7 @@ static const QkControlTable *const tables[] = {
     &qk_control_daemon_table,
     &qk_control_export_table,
     &qk_control_job_table,
+    &qk_control_backup_table,
     &qk_control_bitmap_table,
 };
 

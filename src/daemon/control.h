@@ -40,6 +40,7 @@ typedef struct QkControlTable {
 extern const QkControlTable qk_control_daemon_table;  /* quit */
 extern const QkControlTable qk_control_export_table;  /* query-exports, export-add, export-del */
 extern const QkControlTable qk_control_job_table;     /* query-jobs */
+extern const QkControlTable qk_control_backup_table;  /* backup-start, backup-export-start */
 extern const QkControlTable qk_control_bitmap_table;  /* block-dirty-bitmap-* */
 
 /* Cancels every job and waits for them (before exports close at shutdown). */

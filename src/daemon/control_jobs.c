@@ -7,7 +7,7 @@
  * target until the switch, then the old source until the job ends). Must
  * not know the socket framing.
  */
-#include "daemon/control.h"
+#include "daemon/control_jobs_int.h"
 #include "aio/loop.h"
 #include "block/dirty_bitmap.h"
 #include "jobs/backup.h"
@@ -17,22 +17,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
-/* What the daemon keeps for a mirror job besides the job itself. */
-typedef struct JobCtx {
-    QkDaemon *d;
-    QkJob *job;
-    char *export_name;
-    QkBlock *source;         /* the export's node when the job started */
-    QkBlock *target;         /* ours to close unless the export took it */
-    bool switched;
-    const char *target_cache; /* the cache mode the target was opened with */
-    struct JobCtx *next;
-} JobCtx;
 
 static JobCtx *contexts;
 
-static JobCtx *ctx_of(QkJob *job)
+JobCtx *qk_control_job_ctx(QkJob *job)
 {
     for (JobCtx *c = contexts; c; c = c->next) {
         if (c->job == job) {
@@ -42,7 +32,7 @@ static JobCtx *ctx_of(QkJob *job)
     return NULL;
 }
 
-static void ctx_free(JobCtx *c)
+void qk_control_job_ctx_free(JobCtx *c)
 {
     for (JobCtx **pp = &contexts; *pp; pp = &(*pp)->next) {
         if (*pp == c) {
@@ -51,6 +41,8 @@ static void ctx_free(JobCtx *c)
         }
     }
     free(c->export_name);
+    free(c->view_export);
+    free(c->temp_file);
     free(c);
 }
 
@@ -58,7 +50,8 @@ const char *qk_control_export_job(const char *name)
 {
     /* source and target are cleared once the job no longer uses them. */
     for (JobCtx *c = contexts; c; c = c->next) {
-        if ((c->source || c->target) && strcmp(c->export_name, name) == 0) {
+        if ((c->source || c->target) &&
+            (strcmp(c->export_name, name) == 0 || (c->view_export && strcmp(c->view_export, name) == 0))) {
             return c->job ? c->job->id : "(starting)";
         }
     }
@@ -95,7 +88,7 @@ static QkJob *find_job(json_t *args, QkError *err)
 static int check_target_not_source(QkBlock *src, const char *target, QkError *err)
 {
     struct stat t, n;
-    if (qk_block_is_nbd_uri(target) || stat(target, &t) != 0) {
+    if (!target || qk_block_is_nbd_uri(target) || stat(target, &t) != 0) {
         return 0;
     }
     for (QkBlock *b = src; b; b = b->backing) {
@@ -125,18 +118,26 @@ static void coroutine_fn job_finished(QkJob *job, void *opaque)
 {
     (void)job;
     JobCtx *c = opaque;
+    if (c->view_export) {
+        /* Its node reads through the job: it goes before the target. */
+        QkError e = {0};
+        qk_co_nbd_server_del_export(qk_daemon_nbd_server(c->d), c->view_export, &e);
+    }
     if (c->switched) {
         qk_co_block_close(c->source);
     } else {
         qk_co_block_close(c->target);
     }
     c->source = c->target = NULL;
+    if (c->temp_file) {
+        unlink(c->temp_file);
+    }
 }
 
 /* What every job start checks first: the export (returned), a free job
  * id, the target's cache mode, no other job on the export, and a target
  * that is not the export's own image. */
-static QkNbdExport *check_job_args(QkDaemon *d, const char *exp_name, const char *id, const char *tcache,
+QkNbdExport *qk_control_job_check_args(QkDaemon *d, const char *exp_name, const char *id, const char *tcache,
                                    const char *target, QkError *err)
 {
     QkNbdExport *e = qk_nbd_server_find_export(qk_daemon_nbd_server(d), exp_name);
@@ -162,7 +163,7 @@ static QkNbdExport *check_job_args(QkDaemon *d, const char *exp_name, const char
 /* Opens a job's target and records the job's context for the export
  * (registered, so a second job on it is refused while this one starts).
  * Returns NULL with err set; the target is closed again then. */
-static JobCtx *coroutine_fn open_target_ctx(QkDaemon *d, const char *exp_name, const char *target,
+JobCtx *coroutine_fn qk_control_job_open_target(QkDaemon *d, const char *exp_name, const char *target,
                                             const char *format, const char *tcache, QkError *err)
 {
     QkOpenOptions to = {.flags = QK_OPEN_RDWR, .format = format};
@@ -195,11 +196,11 @@ static JobCtx *coroutine_fn open_target_ctx(QkDaemon *d, const char *exp_name, c
 }
 
 /* Hands the context to a job that started, or undoes it. */
-static json_t *coroutine_fn ctx_attach(JobCtx *c, QkJob *job)
+json_t *coroutine_fn qk_control_job_attach(JobCtx *c, QkJob *job)
 {
     if (!job) {
         QkBlock *tbs = c->target;
-        ctx_free(c);
+        qk_control_job_ctx_free(c);
         qk_co_block_close(tbs);
         return NULL;
     }
@@ -243,7 +244,7 @@ static json_t *coroutine_fn cmd_mirror_start(QkDaemon *d, json_t *args, QkError 
         return NULL;
     }
     o.max_in_flight = (int)in_flight;
-    QkNbdExport *e = check_job_args(d, exp_name, id, tcache, target, err);
+    QkNbdExport *e = qk_control_job_check_args(d, exp_name, id, tcache, target, err);
     if (!e) {
         return NULL;
     }
@@ -258,79 +259,13 @@ static json_t *coroutine_fn cmd_mirror_start(QkDaemon *d, json_t *args, QkError 
         }
         o.target_is_zero = true;
     }
-    JobCtx *c = open_target_ctx(d, exp_name, target, format, tcache, err);
+    JobCtx *c = qk_control_job_open_target(d, exp_name, target, format, tcache, err);
     if (!c) {
         return NULL;
     }
     o.switch_fn = switch_export;
     o.switch_opaque = c;
-    return ctx_attach(c, qk_mirror_start(id, c->source, c->target, &o, err));
-}
-
-/* A push backup of an export to a target file: the image as it was at the
- * start, whatever the export's clients write meanwhile. A target that does
- * not exist is created (qcow2 unless format says otherwise, over backing
- * when given: the previous backup of an incremental chain). */
-static json_t *coroutine_fn cmd_backup_start(QkDaemon *d, json_t *args, QkError *err)
-{
-    const char *exp_name, *target, *format, *id, *sync, *bitmap, *bmode, *backing, *bfmt, *tcache;
-    QkBackupOptions o = {0};
-    if (qk_control_arg_string(args, "export", true, &exp_name, err) < 0 ||
-        qk_control_arg_string(args, "target", true, &target, err) < 0 ||
-        qk_control_arg_string(args, "sync", true, &sync, err) < 0 ||
-        qk_control_arg_string(args, "format", false, &format, err) < 0 ||
-        qk_control_arg_string(args, "id", false, &id, err) < 0 ||
-        qk_control_arg_string(args, "bitmap", false, &bitmap, err) < 0 ||
-        qk_control_arg_string(args, "bitmap-mode", false, &bmode, err) < 0 ||
-        qk_control_arg_string(args, "backing", false, &backing, err) < 0 ||
-        qk_control_arg_string(args, "backing-format", false, &bfmt, err) < 0 ||
-        qk_control_arg_string(args, "target-cache", false, &tcache, err) < 0 ||
-        qk_control_arg_size(args, "speed", &o.speed, err) < 0 ||
-        qk_control_arg_size(args, "granularity", &o.granularity, err) < 0) {
-        return NULL;
-    }
-    if (qk_backup_sync_parse(sync, &o.sync) < 0) {
-        qk_error_set(err, -EINVAL, "Parameter 'sync' expects 'full', 'incremental' or 'bitmap'");
-        return NULL;
-    }
-    if (bmode && qk_backup_bitmap_mode_parse(bmode, &o.bitmap_mode) < 0) {
-        qk_error_set(err, -EINVAL, "Parameter 'bitmap-mode' expects 'on-success', 'never' or 'always'");
-        return NULL;
-    }
-    if (bmode && !bitmap) {
-        qk_error_set(err, -EINVAL, "Cannot specify bitmap sync mode without a bitmap");
-        return NULL;
-    }
-    o.bitmap = bitmap;
-    QkNbdExport *e = check_job_args(d, exp_name, id, tcache, target, err);
-    if (!e) {
-        return NULL;
-    }
-    if (bitmap && !qk_dirty_bitmap_find(e->bs, bitmap)) {
-        qk_error_set(err, -ENOENT, "Dirty bitmap '%s' not found", bitmap);
-        return NULL;
-    }
-    struct stat sb;
-    if (qk_block_is_nbd_uri(target) || stat(target, &sb) == 0) {
-        if (backing) {
-            qk_error_set(err, -EEXIST, "Target '%s' exists: 'backing' is only for a target the job creates", target);
-            return NULL;
-        }
-    } else {
-        QkCreateOptions co = {.format = format ? format : "qcow2",
-                              .size = (uint64_t)qk_block_length(e->bs), .size_set = true,
-                              .backing_file = backing, .backing_fmt = backing ? (bfmt ? bfmt : "qcow2") : NULL};
-        if (qk_co_block_create(target, &co, err) < 0) {
-            qk_error_prefix(err, "Could not create '%s'", target);
-            return NULL;
-        }
-        o.target_is_zero = !backing;
-    }
-    JobCtx *c = open_target_ctx(d, exp_name, target, format, tcache, err);
-    if (!c) {
-        return NULL;
-    }
-    return ctx_attach(c, qk_backup_start(id, c->source, c->target, &o, err));
+    return qk_control_job_attach(c, qk_mirror_start(id, c->source, c->target, &o, err));
 }
 
 static json_t *job_json(QkJob *job)
@@ -372,10 +307,13 @@ static json_t *job_json(QkJob *job)
         json_object_set_new(o, "granularity", json_integer((json_int_t)st.granularity));
         json_object_set_new(o, "cbw-copies", json_integer((json_int_t)st.cbw_copies));
         json_object_set_new(o, "writer-wait-ms", json_integer((json_int_t)(st.cbw_wait_ns / 1000000)));
-        JobCtx *c = ctx_of(job);
+        JobCtx *c = qk_control_job_ctx(job);
         if (c) {
             json_object_set_new(o, "export", json_string(c->export_name));
             json_object_set_new(o, "target-cache", json_string(c->target_cache));
+            if (c->view_export) {
+                json_object_set_new(o, "view-export", json_string(c->view_export));
+            }
         }
     }
     if (qk_job_is_mirror(job)) {
@@ -389,7 +327,7 @@ static json_t *job_json(QkJob *job)
             json_object_set_new(o, "ms-bulk", json_integer((st.bulk_done_ns - job->start_ns) / 1000000));
         }
         json_object_set_new(o, "writer-wait-ms", json_integer(st.writer_wait_ns / 1000000));
-        JobCtx *c = ctx_of(job);
+        JobCtx *c = qk_control_job_ctx(job);
         if (c) {
             json_object_set_new(o, "export", json_string(c->export_name));
             json_object_set_new(o, "switched", json_boolean(c->switched));
@@ -482,9 +420,9 @@ static json_t *coroutine_fn cmd_job_resume(QkDaemon *d, json_t *args, QkError *e
 
 static void dismiss(QkJob *job)
 {
-    JobCtx *c = ctx_of(job);
+    JobCtx *c = qk_control_job_ctx(job);
     if (c) {
-        ctx_free(c);
+        qk_control_job_ctx_free(c);
     }
     qk_job_free(job);
 }
@@ -522,10 +460,6 @@ static const char *const start_params[] = {
     "export", "target", "format", "id", "mode", "speed", "granularity", "buf-size",
     "max-in-flight", "ready-threshold", "rescan-per-chunk", "chase-writes", "copy-priority", "target-cache", NULL,
 };
-static const char *const backup_params[] = {
-    "export", "target", "sync", "format", "id", "bitmap", "bitmap-mode", "backing", "backing-format",
-    "target-cache", "speed", "granularity", NULL,
-};
 static const char *const id_params[] = {"id", NULL};
 static const char *const complete_params[] = {"id", "switch", "wait", NULL};
 static const char *const cancel_params[] = {"id", "wait", NULL};
@@ -534,7 +468,6 @@ static const char *const speed_params[] = {"id", "speed", NULL};
 static const QkControlCommand cmds[] = {
     {"query-jobs", cmd_query_jobs, NULL},
     {"mirror-start", cmd_mirror_start, start_params},
-    {"backup-start", cmd_backup_start, backup_params},
     {"job-complete", cmd_job_complete, complete_params},
     {"job-cancel", cmd_job_cancel, cancel_params},
     {"job-set-speed", cmd_job_set_speed, speed_params},

@@ -15,10 +15,8 @@
  * Owns: the chunk sets, the copies, the bitmap hand-over at start and end.
  * Must not know where the target came from (the daemon opens it).
  */
-#include "jobs/backup.h"
+#include "jobs/backup_int.h"
 #include "aio/loop.h"
-#include "aio/task_pool.h"
-#include "block/dirty_bitmap.h"
 #include "util/checked.h"
 #include "util/names.h"
 
@@ -34,28 +32,12 @@
 #define IN_FLIGHT 4
 #define NONE UINT64_MAX
 
-typedef struct Backup {
-    QkJob job; /* first: the job API hands this pointer around */
-    QkBlock *src, *target;
-    QkBackupOptions o;
-    uint64_t size, gran, nchunks;
-    uint64_t *todo, *busy;       /* one bit per chunk */
-    QkCoQueue busy_waiters;      /* woken whenever busy chunks finish */
-    QkDirtyBitmap *bm;           /* the user's bitmap, or NULL */
-    QkDirtyBitmap *saved;        /* bm as it was at the start (disabled) */
-    QkWriteHook hook;
-    bool hook_installed;
-    QkTaskPool *pool;
-    QkError err;                 /* first failed copy */
-    size_t buf_align;
-    QkBackupStats st;
-} Backup;
 
 static const QkJobDriver backup_driver;
 
 int qk_backup_sync_parse(const char *s, QkBackupSync *out)
 {
-    static const char *const names[] = {"full", "incremental", "bitmap"};
+    static const char *const names[] = {"full", "incremental", "bitmap", "none"};
     int i = qk_name_index(names, sizeof(names) / sizeof(names[0]), s);
     if (i >= 0) {
         *out = (QkBackupSync)i;
@@ -231,7 +213,10 @@ static void coroutine_fn hook_cbw(QkWriteHook *h, QkBlock *bs, QkWriteKind kind,
     int64_t t0 = 0;
     for (;;) {
         if (b->err.code) {
-            return; /* the job has failed: do not hold the guest up */
+            /* The job has failed: do not hold the guest up, beyond reads
+             * of the view still taking these chunks from the source. */
+            qk_backup_snapshot_wait_reads(b, c0, c1);
+            return;
         }
         uint64_t c = c0;
         while (c < c1 && !bit_get(b->busy, c)) {
@@ -272,6 +257,10 @@ static void coroutine_fn hook_cbw(QkWriteHook *h, QkBlock *bs, QkWriteKind kind,
         copy_chunks(b, c, e - c); /* a failure fails the job (b->err) */
         c = e;
     }
+    /* A read of the view that took these chunks from the source before
+     * they were copied (by us or by another write) must end before the
+     * source changes under it. */
+    qk_backup_snapshot_wait_reads(b, c0, c1);
     if (t0) {
         b->st.cbw_wait_ns += (uint64_t)(qk_clock_ns() - t0);
     }
@@ -307,12 +296,26 @@ static void bitmap_end(Backup *b, bool ok)
 
 /* ---- the job ---- */
 
+/* sync=none: only writes copy, until the job is completed or cancelled. */
+static bool coroutine_fn wait_for_end(Backup *b)
+{
+    qk_job_set_ready(&b->job);
+    while (!b->job.cancel_requested && !b->job.complete_requested && !b->err.code) {
+        qk_co_job_sleep_ns(&b->job, 1000000000LL);
+    }
+    return b->job.cancel_requested;
+}
+
 static int coroutine_fn backup_run(QkJob *job, QkError *err)
 {
     Backup *b = (Backup *)job;
     uint64_t c = 0;
     bool cancelled = false;
     for (;;) {
+        if (b->o.sync == QK_BACKUP_SYNC_NONE) {
+            cancelled = wait_for_end(b);
+            break;
+        }
         if (qk_co_job_pause_point(job)) {
             cancelled = true;
             break;
@@ -369,6 +372,12 @@ static int coroutine_fn backup_run(QkJob *job, QkError *err)
             qk_error_set_errno(err, r, "Could not flush target '%s'", b->target->filename);
         }
     }
+    /* The view ends first: once the hook is gone, the source may change
+     * under a read of it. */
+    b->snapshot_gone = true;
+    while (b->snap_reads) {
+        qk_co_queue_wait(&b->snap_waiters);
+    }
     /* No write may be in a copy-before-write when the hook goes. */
     qk_co_block_quiesce_begin(b->src);
     qk_block_remove_write_hook(b->src, &b->hook);
@@ -408,7 +417,7 @@ static uint64_t default_granularity(QkBlock *target)
 /* Fills todo: every chunk (full), or those the bitmap has any bit of. */
 static void fill_todo(Backup *b)
 {
-    if (b->o.sync == QK_BACKUP_SYNC_FULL) {
+    if (b->o.sync == QK_BACKUP_SYNC_FULL || b->o.sync == QK_BACKUP_SYNC_NONE) {
         for (uint64_t c = 0; c < b->nchunks; c++) {
             bit_set(b->todo, c, true);
         }
@@ -442,7 +451,7 @@ QkJob *coroutine_fn qk_backup_start(const char *id, QkBlock *source, QkBlock *ta
         qk_error_set(err, -EACCES, "Target '%s' is read-only", target->filename);
         return NULL;
     }
-    if (o.sync != QK_BACKUP_SYNC_FULL && !o.bitmap) {
+    if ((o.sync == QK_BACKUP_SYNC_INCREMENTAL || o.sync == QK_BACKUP_SYNC_BITMAP) && !o.bitmap) {
         qk_error_set(err, -EINVAL, "must provide a valid bitmap name for '%s' sync mode",
                      o.sync == QK_BACKUP_SYNC_INCREMENTAL ? "incremental" : "bitmap");
         return NULL;
@@ -490,6 +499,7 @@ QkJob *coroutine_fn qk_backup_start(const char *id, QkBlock *source, QkBlock *ta
     b->pool = qk_task_pool_new(IN_FLIGHT);
     b->buf_align = QK_MAX(QK_MAX(source->mem_alignment, target->mem_alignment), 4096u);
     qk_co_queue_init(&b->busy_waiters);
+    qk_co_queue_init(&b->snap_waiters);
     if (!b->todo || !b->busy || !b->pool) {
         free(b->todo);
         free(b->busy);

@@ -17,6 +17,8 @@ typedef enum QkBackupSync {
     QK_BACKUP_SYNC_FULL,
     QK_BACKUP_SYNC_INCREMENTAL, /* bitmap, and bitmap-mode on-success only */
     QK_BACKUP_SYNC_BITMAP,
+    QK_BACKUP_SYNC_NONE,        /* no background copy: only copy-before-write,
+                                   until completed or cancelled (fleecing) */
 } QkBackupSync;
 
 typedef enum QkBackupBitmapMode {
@@ -42,6 +44,14 @@ int qk_backup_bitmap_mode_parse(const char *s, QkBackupBitmapMode *out);
 QkJob *coroutine_fn qk_backup_start(const char *id, QkBlock *source, QkBlock *target,
                                     const QkBackupOptions *opts, QkError *err);
 bool qk_job_is_backup(const QkJob *job);
+
+/* A read-only node showing the source as it was when the job started:
+ * chunks not copied yet are read from the source (their copy-before-write
+ * waits for such reads), copied ones from the target. The bitmap handed to
+ * the job, as it was at the start, is on it under the same name (for the
+ * NBD context). Reads fail once the job ends. The node must be closed
+ * before the job is freed. */
+QkBlock *coroutine_fn qk_backup_snapshot_node(QkJob *job, const char *name, QkError *err);
 
 typedef struct QkBackupStats {
     uint64_t granularity;

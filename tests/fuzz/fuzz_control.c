@@ -6,8 +6,9 @@
  * reply serialized as the socket would. Every input starts from the same
  * state: jobs are cancelled and the server shut down after it.
  *
- * Commands name files (export-add's "file", mirror-start's and
- * backup-start's "target", backup-start's "backing"); the
+ * Commands name files (export-add's and backup-export-start's "file",
+ * mirror-start's and backup-start's "target", backup-start's "backing",
+ * and TMPDIR for backup-export-start's temporary image); the
  * harness keeps them inside its private scratch directory by replacing any
  * name that is not a plain file name there with "img", a copy of the base
  * image, so a fuzz run can neither touch other files nor reach the
@@ -134,6 +135,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size > 64 * 1024 || !fuzz_scratch_dir()) {
         return 0;
     }
+    /* backup-export-start's temporary images go there too. */
+    setenv("TMPDIR", ".", 1);
     Run r = {.data = data, .size = size};
     r.base = fuzz_base_image(&r.base_len);
     if (!r.base) {

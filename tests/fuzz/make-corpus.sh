@@ -119,6 +119,14 @@ ctl backup '{"execute":"block-dirty-bitmap-add","arguments":{"export":"e0","name
 {"execute":"job-dismiss","arguments":{"id":"f"}}
 {"execute":"backup-start","arguments":{"export":"e0","target":"t2","sync":"incremental","bitmap":"b","backing":"t1","backing-format":"qcow2","id":"i"}}
 {"execute":"block-dirty-bitmap-query"}'
+ctl backup-export '{"execute":"block-dirty-bitmap-add","arguments":{"export":"e0","name":"b"}}
+{"execute":"backup-export-start","arguments":{"export":"e0","name":"v","bitmap":"b","id":"p","granularity":"64k"}}
+{"execute":"query-exports"}
+{"execute":"block-dirty-bitmap-query"}
+{"execute":"export-del","arguments":{"name":"v"}}
+{"execute":"job-complete","arguments":{"id":"p","wait":true}}
+{"execute":"backup-export-start","arguments":{"export":"e0","name":"v2","file":"tv"}}
+{"execute":"job-cancel","arguments":{"id":"backup1","wait":true}}'
 ctl bitmaps '{"execute":"block-dirty-bitmap-add","arguments":{"export":"e0","name":"b","granularity":"64k","disabled":false}}
 {"execute":"block-dirty-bitmap-add","arguments":{"export":"e0","name":"c"}}
 {"execute":"block-dirty-bitmap-disable","arguments":{"export":"e0","name":"b"}}

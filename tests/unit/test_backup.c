@@ -4,10 +4,12 @@
  * pass is copying right then; sync=bitmap copies the bitmap's chunks only
  * and hands the bitmap the writes made since the start; a cancelled job
  * gives the bitmap back what it had; a failing target fails the job but
- * never a write. */
+ * never a write; the point-in-time view (sync=none) keeps its old data for
+ * a read on its way while a write to the same chunk arrives. */
 #include "qktest.h"
 #include "aio/loop.h"
 #include "block/block.h"
+#include "block/debug.h"
 #include "block/dirty_bitmap.h"
 #include "block/inject.h"
 #include "jobs/backup.h"
@@ -63,6 +65,22 @@ static int coroutine_fn seed_source(QkBlock *src)
     return r;
 }
 
+/* A fresh source of fmt, seeded, and an empty qcow2 target; false
+ * (counted as a failure) if either cannot be made. */
+static bool coroutine_fn open_pair(const char *fmt, QkBlock **src, QkBlock **dst)
+{
+    QK_CHECK_EQ(create_img("src.img", fmt), 0);
+    QK_CHECK_EQ(create_img("dst.qcow2", "qcow2"), 0);
+    *src = open_img("src.img", fmt);
+    *dst = open_img("dst.qcow2", "qcow2");
+    if (!*src || !*dst) {
+        qk_test_failures++;
+        return false;
+    }
+    QK_CHECK_EQ(seed_source(*src), 0);
+    return true;
+}
+
 static bool coroutine_fn same(QkBlock *bs, const uint8_t *want, const char *what)
 {
     uint8_t *buf = malloc(SIZE);
@@ -116,14 +134,10 @@ static void coroutine_fn writer_co(void *opaque)
 
 static void coroutine_fn full_case(const char *fmt, uint64_t speed, int writers)
 {
-    QK_CHECK_EQ(create_img("src.img", fmt), 0);
-    QK_CHECK_EQ(create_img("dst.qcow2", "qcow2"), 0);
-    QkBlock *src = open_img("src.img", fmt), *dst = open_img("dst.qcow2", "qcow2");
-    if (!src || !dst) {
-        qk_test_failures++;
+    QkBlock *src, *dst;
+    if (!open_pair(fmt, &src, &dst)) {
         return;
     }
-    QK_CHECK_EQ(seed_source(src), 0);
     QkError err = {0};
     QkBackupOptions o = {.sync = QK_BACKUP_SYNC_FULL, .speed = speed, .granularity = GRAN,
                          .target_is_zero = true};
@@ -165,14 +179,10 @@ static void coroutine_fn full_case(const char *fmt, uint64_t speed, int writers)
  * its old contents when the job is cancelled. */
 static void coroutine_fn bitmap_case(bool cancel)
 {
-    QK_CHECK_EQ(create_img("src.img", "qcow2"), 0);
-    QK_CHECK_EQ(create_img("dst.qcow2", "qcow2"), 0);
-    QkBlock *src = open_img("src.img", "qcow2"), *dst = open_img("dst.qcow2", "qcow2");
-    if (!src || !dst) {
-        qk_test_failures++;
+    QkBlock *src, *dst;
+    if (!open_pair("qcow2", &src, &dst)) {
         return;
     }
-    QK_CHECK_EQ(seed_source(src), 0);
     QkError err = {0};
     QkDirtyBitmap *bm = qk_dirty_bitmap_add(src, "b", GRAN, &err);
     QK_CHECK(bm != NULL);
@@ -216,14 +226,10 @@ static void coroutine_fn bitmap_case(bool cancel)
 /* A target that fails: the job fails naming it, every write succeeds. */
 static void coroutine_fn failing_target_case(void)
 {
-    QK_CHECK_EQ(create_img("src.img", "raw"), 0);
-    QK_CHECK_EQ(create_img("dst.qcow2", "qcow2"), 0);
-    QkBlock *src = open_img("src.img", "raw"), *dst = open_img("dst.qcow2", "qcow2");
-    if (!src || !dst) {
-        qk_test_failures++;
+    QkBlock *src, *dst;
+    if (!open_pair("raw", &src, &dst)) {
         return;
     }
-    QK_CHECK_EQ(seed_source(src), 0);
     QkError err = {0};
     QK_CHECK_EQ(qk_inject_configure("write:nth=5:errno=EIO:mode=sticky:file=dst.qcow2", &err), 0);
     QkBackupOptions o = {.sync = QK_BACKUP_SYNC_FULL, .granularity = GRAN, .target_is_zero = true,
@@ -246,6 +252,90 @@ static void coroutine_fn failing_target_case(void)
     qk_co_block_close(dst);
 }
 
+typedef struct ViewRead {
+    QkBlock *view;
+    uint64_t off, len;
+    uint8_t *buf;
+    int ret;
+    bool done;
+} ViewRead;
+
+static void coroutine_fn view_read_co(void *opaque)
+{
+    ViewRead *v = opaque;
+    v->ret = qk_co_pread(v->view, v->off, v->len, v->buf, 0);
+    v->done = true;
+}
+
+typedef struct GuestWrite {
+    QkBlock *bs;
+    uint64_t off, len;
+    int ret;
+    bool done;
+} GuestWrite;
+
+static void coroutine_fn guest_write_co(void *opaque)
+{
+    GuestWrite *g = opaque;
+    uint8_t *buf = malloc(g->len);
+    memset(buf, 0xee, g->len);
+    g->ret = qk_co_pwrite(g->bs, g->off, g->len, buf, 0);
+    memcpy(now + g->off, buf, g->len);
+    free(buf);
+    g->done = true;
+}
+
+/* The point-in-time view (sync=none): a read of a chunk not copied yet
+ * goes to the source; a write to that chunk arriving while the read is
+ * on its way (paused just before the host read) copies the chunk, then
+ * waits for the read, so the read still sees the old data. The view
+ * fails its reads once the job has ended. */
+static void coroutine_fn view_case(void)
+{
+    QkBlock *src, *dst;
+    if (!open_pair("raw", &src, &dst)) {
+        return;
+    }
+    QkError err = {0};
+    QkBackupOptions o = {.sync = QK_BACKUP_SYNC_NONE, .granularity = GRAN, .target_is_zero = true};
+    QkJob *job = qk_backup_start("v", src, dst, &o, &err);
+    QK_CHECK(job != NULL);
+    QkBlock *view = qk_backup_snapshot_node(job, "view", &err);
+    QK_CHECK(view != NULL);
+    uint8_t *buf = malloc(2 * GRAN);
+    ViewRead v = {.view = view, .off = 5 * GRAN + 100, .len = GRAN, .buf = buf};
+    QK_CHECK_EQ(qk_debug_break(QK_DBG_READ_AIO, "v"), 0);
+    qk_coroutine_enter(qk_coroutine_create(view_read_co, &v));
+    qk_debug_wait_break("v");
+    GuestWrite g = {.bs = src, .off = 5 * GRAN, .len = 2 * GRAN};
+    qk_coroutine_enter(qk_coroutine_create(guest_write_co, &g));
+    for (int i = 0; i < 50 && !g.done; i++) {
+        qk_co_sleep_ns(1000000);
+    }
+    QK_CHECK(!g.done); /* held until the view's read is done */
+    QK_CHECK_EQ(qk_debug_resume("v"), 0);
+    while (!v.done || !g.done) {
+        qk_co_sleep_ns(1000000);
+    }
+    QK_CHECK_EQ(v.ret, 0);
+    QK_CHECK_EQ(g.ret, 0);
+    QK_CHECK(memcmp(buf, orig + v.off, v.len) == 0);
+    /* Now from the target: the copy the write made. */
+    QK_CHECK_EQ(qk_co_pread(view, 4 * GRAN, 2 * GRAN, buf, 0), 0);
+    QK_CHECK(memcmp(buf, orig + 4 * GRAN, 2 * GRAN) == 0);
+    QK_CHECK(same(view, orig, "the view after writes"));
+    QK_CHECK(same(src, now, "the source under the view"));
+    QK_CHECK_EQ(qk_job_complete(job, &err), 0);
+    qk_co_job_wait(job);
+    QK_CHECK_EQ(job->state, QK_JOB_COMPLETED);
+    QK_CHECK_EQ(qk_co_pread(view, 0, GRAN, buf, 0), -EIO);
+    qk_co_block_close(view);
+    qk_job_free(job);
+    free(buf);
+    qk_co_block_close(src);
+    qk_co_block_close(dst);
+}
+
 static void coroutine_fn main_co(void *opaque)
 {
     (void)opaque;
@@ -256,6 +346,7 @@ static void coroutine_fn main_co(void *opaque)
     bitmap_case(false);
     bitmap_case(true);
     failing_target_case();
+    view_case();
 }
 
 int main(void)
