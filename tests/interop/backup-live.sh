@@ -15,6 +15,7 @@
 #     with bitmap-mode=never, a bitmap in use by a running backup, the
 #     export's own image as the target (of a backup, and of a mirror through
 #     a symlink);
+#   - a full backup into an NBD export of qemu-nbd, under the writer;
 #   - the ASan build runs the full case too.
 # Every image passes qemu-img check.
 . "$SRC_DIR/tests/interop/nbd-lib.bash"
@@ -168,7 +169,42 @@ bitmap_case() {
   echo "ok: bitmap hand-back (cancel, never) and refusals"
 }
 
+# A full backup into an NBD export of another server (qemu-nbd), under the writer.
+nbd_target_case() {
+  BIN=$1
+  local sock=$PWD/nbd.sock tsock=$PWD/t.sock uri
+  uri="nbd+unix:///disk?socket=$sock"
+  rm -f src.qcow2 ref.qcow2 nt.qcow2 stop.writer "$tsock"
+  qemu-img create -q -f qcow2 src.qcow2 64M
+  qemu-io -f qcow2 -c 'write -P 0x3c 0 16M' -c 'write -P 0x4d 32M 16M' src.qcow2 > /dev/null
+  cp src.qcow2 ref.qcow2
+  qemu-img create -q -f qcow2 nt.qcow2 64M
+  qemu-io -f qcow2 -c 'write -P 0xee 0 64M' nt.qcow2 > /dev/null # old contents the backup must replace
+  qemu-nbd -f qcow2 -k "$tsock" -t nt.qcow2 &
+  local npid=$!
+  NBD_PIDS+=("$npid")
+  local i
+  for i in $(seq 100); do [ -S "$tsock" ] && break; sleep 0.05; done
+  start_serve "$BIN" pid --socket "$sock" --control "$PWD/ctl.sock" \
+    --export "name=disk,file=src.qcow2,format=qcow2"
+  local pid=$SERVE_PID
+  ctl backup-start export=disk target="nbd+unix:///?socket=$tsock" format=raw sync=full id=n speed=16M > /dev/null \
+    || fail "backup-start into NBD"
+  wait_running
+  nbd_writer "$uri" 99 8 wn.log || fail "writer during the NBD backup"
+  wait_done "nbd target"
+  ctl job-dismiss id=n > /dev/null
+  nbd_verify "$uri" wn.log
+  stop_serve "$pid"
+  kill "$npid"
+  wait "$npid" 2>/dev/null
+  qemu-img check -q nt.qcow2 || fail "NBD target check"
+  qemu-img compare -q ref.qcow2 nt.qcow2 || fail "the backup into NBD is not the image at its start"
+  echo "ok: full backup into an NBD export under a writer"
+}
+
 chain_case "$QK_PLAIN"
 bitmap_case "$QK_PLAIN"
+nbd_target_case "$QK_PLAIN"
 chain_case "$QK_ASAN"
 echo "all ok"
