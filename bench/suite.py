@@ -20,7 +20,8 @@ convert against qemu-img convert -m 16 -W -t none -T none on a generated
 1 TiB one, end to end, with dd and zstd -T0 as the disk's and the
 compressor's limits.
 
-The persistent-bitmap rows (--only bitmaps) come from bench/bitmaps.sh.
+The persistent-bitmap rows (--only bitmaps) come from bench/bitmaps.sh,
+the incremental-backup rows (--only backup) from bench/backup.sh.
 The VM-state rows (--only vmstate) come from bench/vmstate.sh: saving a
 migration-like stream of pseudo-random pages (256 MiB with --quick, else
 2 GiB) through the buffered writer, the unbuffered path and the CLI pipe,
@@ -334,6 +335,14 @@ def main():
             if p.returncode != 0:
                 raise RuntimeError("bench/bitmaps.sh failed (%d):\n%s" % (p.returncode, p.stdout[-3000:]))
             extra_md.append("### Persistent dirty bitmaps\n\n" + p.stdout.strip() + "\n")
+        if selected(a.only, "backup", "incremental"):
+            # Its own table: an incremental backup against a full one.
+            size = "2G" if a.quick else "16G"
+            p = sh(["bash", os.path.join(TOP, "bench", "backup.sh"), "--runs", str(min(runs, 3)), "--dir", scratch,
+                    "--size", size])
+            if p.returncode != 0:
+                raise RuntimeError("bench/backup.sh failed (%d):\n%s" % (p.returncode, p.stdout[-3000:]))
+            extra_md.append("### Incremental backup\n\n" + p.stdout.strip() + "\n")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
