@@ -1,7 +1,8 @@
 /*
- * Control commands for long-running jobs: mirror-start, backup-start, query-jobs,
+ * Control commands for long-running jobs: mirror-start, query-jobs,
  * job-complete (optionally switching the export to the target), job-cancel,
- * job-set-speed, job-pause, job-resume, job-dismiss.
+ * job-set-speed, job-pause, job-resume, job-dismiss (the backup commands
+ * are in control_backup.c).
  *
  * Owns: the JSON shape of jobs and the nodes a job opened (the mirror
  * target until the switch, then the old source until the job ends). Must
@@ -18,7 +19,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
 
 static JobCtx *contexts;
 
