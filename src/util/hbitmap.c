@@ -9,15 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_LEVELS 12
-
-struct QkHBitmap {
-    uint64_t nbits;
-    uint64_t count;
-    int levels;
-    uint64_t nwords[MAX_LEVELS];
-    uint64_t *lv[MAX_LEVELS];
-};
+#define MAX_LEVELS QK_HBITMAP_MAX_LEVELS
 
 QkHBitmap *qk_hbitmap_new(uint64_t nbits)
 {
@@ -56,11 +48,6 @@ void qk_hbitmap_free(QkHBitmap *hb)
 
 uint64_t qk_hbitmap_size(const QkHBitmap *hb) { return hb->nbits; }
 uint64_t qk_hbitmap_count(const QkHBitmap *hb) { return hb->count; }
-
-bool qk_hbitmap_get(const QkHBitmap *hb, uint64_t bit)
-{
-    return bit < hb->nbits && (hb->lv[0][bit / 64] >> (bit % 64)) & 1;
-}
 
 /* Propagates a change of word w at level l (zero <-> non-zero) upwards. */
 static void propagate(QkHBitmap *hb, int l, uint64_t w)

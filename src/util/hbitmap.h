@@ -10,7 +10,17 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-typedef struct QkHBitmap QkHBitmap;
+#define QK_HBITMAP_MAX_LEVELS 12
+
+/* Visible only so that qk_hbitmap_get can be inlined: every write tests a
+ * bit of each enabled dirty bitmap. Use the functions. */
+typedef struct QkHBitmap {
+    uint64_t nbits;
+    uint64_t count;
+    int levels;
+    uint64_t nwords[QK_HBITMAP_MAX_LEVELS];
+    uint64_t *lv[QK_HBITMAP_MAX_LEVELS];
+} QkHBitmap;
 
 QkHBitmap *qk_hbitmap_new(uint64_t nbits);
 void qk_hbitmap_free(QkHBitmap *hb);
@@ -19,7 +29,10 @@ uint64_t qk_hbitmap_size(const QkHBitmap *hb);
 void qk_hbitmap_set(QkHBitmap *hb, uint64_t start, uint64_t count);
 void qk_hbitmap_reset(QkHBitmap *hb, uint64_t start, uint64_t count);
 void qk_hbitmap_reset_all(QkHBitmap *hb);
-bool qk_hbitmap_get(const QkHBitmap *hb, uint64_t bit);
+static inline bool qk_hbitmap_get(const QkHBitmap *hb, uint64_t bit)
+{
+    return bit < hb->nbits && (hb->lv[0][bit / 64] >> (bit % 64)) & 1;
+}
 /* Number of set bits. */
 uint64_t qk_hbitmap_count(const QkHBitmap *hb);
 /* First set bit >= from, or UINT64_MAX when none. */
