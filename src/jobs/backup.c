@@ -325,14 +325,20 @@ static int coroutine_fn backup_run(QkJob *job, QkError *err)
         }
         c = next_free_todo(b, c);
         if (c == NONE) {
-            /* What is left is being copied ahead of writes (or by our own
-             * tasks): wait for those, then look again from the start. */
             if (!any_set(b->todo, b->nchunks)) {
                 break;
             }
-            qk_co_queue_wait(&b->busy_waiters);
-            c = 0;
-            continue;
+            /* Chunks passed over while a write was copying them may be
+             * back (a failed copy leaves them to do): look from the start
+             * before waiting. */
+            c = next_free_todo(b, 0);
+            if (c == NONE) {
+                /* What is left is being copied ahead of writes (or by our
+                 * own tasks): wait for those, then look again. */
+                qk_co_queue_wait(&b->busy_waiters);
+                c = 0;
+                continue;
+            }
         }
         /* Chunks are claimed only once a task can start on them: a write
          * to a claimed chunk waits for its copy, never for a free slot. */
