@@ -15,7 +15,7 @@
 #include "aio/loop.h"
 #include "block/dirty_bitmap.h"
 #include "jobs/convert.h"
-#include "util/progress.h"
+#include "progress.h"
 
 #include <getopt.h>
 #include <stdlib.h>

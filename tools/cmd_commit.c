@@ -11,7 +11,7 @@
 #include "cmd.h"
 #include "aio/loop.h"
 #include "jobs/commit.h"
-#include "util/progress.h"
+#include "progress.h"
 #include "util/size.h"
 
 #include <getopt.h>

@@ -15,9 +15,9 @@
 #include "cmd.h"
 #include "aio/loop.h"
 #include "jobs/slices.h"
-#include "util/checked.h"
+#include "common/checked.h"
 #include "util/iov.h"
-#include "util/progress.h"
+#include "progress.h"
 
 #include <errno.h>
 #include <getopt.h>

@@ -12,7 +12,7 @@
 #include "aio/loop.h"
 #include "aio/work_pool.h"
 #include "jobs/convert.h"
-#include "util/progress.h"
+#include "progress.h"
 #include "util/size.h"
 
 #include <getopt.h>

@@ -12,7 +12,7 @@
 #include "cmd.h"
 #include "aio/loop.h"
 #include "jobs/slices.h"
-#include "util/checked.h"
+#include "common/checked.h"
 #include "util/size.h"
 
 #include <getopt.h>

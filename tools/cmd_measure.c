@@ -13,7 +13,7 @@
  */
 #include "cmd.h"
 #include "aio/loop.h"
-#include "util/checked.h"
+#include "common/checked.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -9,7 +9,7 @@
 #include "aio/loop.h"
 #include "block/block.h"
 #include "jobs/mirror.h"
-#include "util/progress.h"
+#include "progress.h"
 
 #include <getopt.h>
 #include <stdio.h>

@@ -16,7 +16,7 @@
 #include "cmd.h"
 #include "aio/loop.h"
 #include "jobs/rebase.h"
-#include "util/progress.h"
+#include "progress.h"
 
 #include <getopt.h>
 #include <stdlib.h>

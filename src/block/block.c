@@ -9,7 +9,7 @@
 #include "aio/loop.h"
 #include "block/dirty_bitmap.h"
 #include "block/inject.h"
-#include "util/checked.h"
+#include "common/checked.h"
 
 #include <errno.h>
 #include <fcntl.h>

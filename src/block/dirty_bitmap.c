@@ -4,7 +4,7 @@
  */
 #include "block/dirty_bitmap.h"
 #include "block/block.h"
-#include "util/checked.h"
+#include "common/checked.h"
 
 #include <errno.h>
 #include <inttypes.h>

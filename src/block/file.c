@@ -19,7 +19,7 @@
 #include "aio/aio.h"
 #include "aio/loop.h"
 #include "block/inject.h"
-#include "util/checked.h"
+#include "common/checked.h"
 #include "util/tunables.h"
 
 #include <errno.h>

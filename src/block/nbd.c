@@ -13,7 +13,7 @@
 #include "block/block.h"
 #include "aio/loop.h"
 #include "block/nbd_lib.h"
-#include "util/checked.h"
+#include "common/checked.h"
 
 #include <errno.h>
 #include <poll.h>

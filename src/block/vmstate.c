@@ -6,7 +6,7 @@
 #include "block/vmstate.h"
 #include "aio/task_pool.h"
 #include "block/block.h"
-#include "util/checked.h"
+#include "common/checked.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@
 #include "aio/co_sync.h"
 #include "aio/loop.h"
 #include "nbd/sockio.h"
-#include "util/checked.h"
+#include "common/checked.h"
 
 #include <errno.h>
 #include <poll.h>

@@ -17,7 +17,7 @@
  */
 #include "jobs/backup_int.h"
 #include "aio/loop.h"
-#include "util/checked.h"
+#include "common/checked.h"
 #include "util/names.h"
 
 #include <stdlib.h>

@@ -11,7 +11,7 @@
  * anything itself (backup.c does).
  */
 #include "jobs/backup_int.h"
-#include "util/checked.h"
+#include "common/checked.h"
 
 #include <stdlib.h>
 

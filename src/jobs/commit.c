@@ -13,7 +13,7 @@
 #include "jobs/slices.h"
 #include "aio/coroutine.h"
 #include "aio/loop.h"
-#include "util/checked.h"
+#include "common/checked.h"
 #include "util/iov.h"
 #include "jobs/throttle.h"
 

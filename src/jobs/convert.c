@@ -19,7 +19,7 @@
 #include "jobs/convert.h"
 #include "block/dirty_bitmap.h"
 #include "aio/co_sync.h"
-#include "util/checked.h"
+#include "common/checked.h"
 #include "util/iov.h"
 #include "jobs/throttle.h"
 

@@ -19,7 +19,7 @@
 #include "aio/loop.h"
 #include "aio/task_pool.h"
 #include "block/dirty_bitmap.h"
-#include "util/checked.h"
+#include "common/checked.h"
 #include "util/names.h"
 
 #include <stdlib.h>

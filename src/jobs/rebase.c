@@ -18,7 +18,7 @@
  */
 #include "jobs/rebase.h"
 #include "jobs/slices.h"
-#include "util/checked.h"
+#include "common/checked.h"
 #include "util/iov.h"
 
 #include <errno.h>

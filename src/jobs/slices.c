@@ -5,7 +5,7 @@
  */
 #include "jobs/slices.h"
 #include "aio/co_sync.h"
-#include "util/checked.h"
+#include "common/checked.h"
 #include "util/iov.h"
 
 #include <errno.h>

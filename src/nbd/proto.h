@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "util/byteorder.h"
+#include "common/byteorder.h"
 
 #define NBD_MAGIC              0x4e42444d41474943ULL /* "NBDMAGIC" */
 #define NBD_OPTS_MAGIC         0x49484156454F5054ULL /* "IHAVEOPT" */

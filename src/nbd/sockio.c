@@ -3,7 +3,7 @@
  */
 #include "nbd/sockio.h"
 #include "aio/loop.h"
-#include "util/checked.h"
+#include "common/checked.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -12,7 +12,7 @@
 #include "nbd/server_int.h"
 #include "aio/coroutine.h"
 #include "block/dirty_bitmap.h"
-#include "util/checked.h"
+#include "common/checked.h"
 
 #include <errno.h>
 #include <stdio.h>

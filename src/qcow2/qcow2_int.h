@@ -14,8 +14,8 @@
 #include "block/block.h"
 #include "block/inject.h"
 #include "qcow2/qcow2.h"
-#include "util/byteorder.h"
-#include "util/checked.h"
+#include "common/byteorder.h"
+#include "common/checked.h"
 #include "util/error.h"
 
 #define QCOW2_MAGIC 0x514649fbU

@@ -10,7 +10,7 @@
 #include "aio/loop.h"
 #include "block/block.h"
 #include "qcow2/qcow2.h"
-#include "util/checked.h"
+#include "common/checked.h"
 
 #include <fcntl.h>
 #include <stdarg.h>

@@ -5,7 +5,7 @@
 #include "aio/coroutine.h"
 #include "aio/loop.h"
 #include "block/block.h"
-#include "util/checked.h"
+#include "common/checked.h"
 
 #include <dirent.h>
 #include <fcntl.h>

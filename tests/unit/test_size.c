@@ -1,7 +1,7 @@
 /* Size parsing and formatting. */
 #include "qktest.h"
 #include "util/size.h"
-#include "util/checked.h"
+#include "common/checked.h"
 
 #include <errno.h>
 #include <string.h>

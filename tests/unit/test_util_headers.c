@@ -3,8 +3,8 @@
  * (util/checked.h) and the one backing-path resolver (block.h). */
 #include "qktest.h"
 #include "block/block.h"
-#include "util/byteorder.h"
-#include "util/checked.h"
+#include "common/byteorder.h"
+#include "common/checked.h"
 
 #include <stdlib.h>
 #include <string.h>

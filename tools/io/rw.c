@@ -6,7 +6,7 @@
  */
 #include "io/io.h"
 #include "aio/loop.h"
-#include "util/checked.h"
+#include "common/checked.h"
 #include "util/iov.h"
 
 #include <errno.h>

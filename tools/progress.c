@@ -1,7 +1,7 @@
 /*
  * Progress line (see progress.h).
  */
-#include "util/progress.h"
+#include "progress.h"
 
 void qk_progress_init(QkProgress *p, FILE *out, bool enabled)
 {

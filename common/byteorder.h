@@ -2,8 +2,8 @@
  * Big-endian loads and stores at any alignment: the one set used by the
  * qcow2 metadata (all big-endian on disk) and the NBD wire protocol.
  */
-#ifndef QK_UTIL_BYTEORDER_H
-#define QK_UTIL_BYTEORDER_H
+#ifndef QK_COMMON_BYTEORDER_H
+#define QK_COMMON_BYTEORDER_H
 
 #include <endian.h>
 #include <stdint.h>

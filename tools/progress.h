@@ -6,8 +6,8 @@
  *
  * Owns: formatting and throttling. Must not know what is being counted.
  */
-#ifndef QK_UTIL_PROGRESS_H
-#define QK_UTIL_PROGRESS_H
+#ifndef QK_TOOLS_PROGRESS_H
+#define QK_TOOLS_PROGRESS_H
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -3,8 +3,8 @@
  * from image metadata goes through these so a hostile image cannot wrap a
  * computation into a small, valid-looking number.
  */
-#ifndef QK_UTIL_CHECKED_H
-#define QK_UTIL_CHECKED_H
+#ifndef QK_COMMON_CHECKED_H
+#define QK_COMMON_CHECKED_H
 
 #include <stdbool.h>
 #include <stdint.h>
