@@ -10,25 +10,13 @@
 
 #include "aio/coroutine.h"
 
-typedef struct QkCoWaiter {
-    QkCoroutine *co;
-    struct QkCoWaiter *next;
-} QkCoWaiter;
-
-typedef struct QkCoQueue {
-    QkCoWaiter *head, *tail;
-} QkCoQueue;
-
-#define QK_CO_QUEUE_INIT {NULL, NULL}
+/* QkCoQueue, QK_CO_QUEUE_INIT, qk_co_queue_wait (waits until woken) and
+ * qk_co_queue_wake_all are in qcowkit/engine.h. */
 
 static inline void qk_co_queue_init(QkCoQueue *q) { q->head = q->tail = NULL; }
 static inline bool qk_co_queue_empty(const QkCoQueue *q) { return q->head == NULL; }
-/* Waits until woken. */
-void coroutine_fn qk_co_queue_wait(QkCoQueue *q);
 /* Wakes the first waiter; returns false if there was none. */
 bool qk_co_queue_wake_one(QkCoQueue *q);
-/* Wakes every waiter queued at the time of the call. */
-void qk_co_queue_wake_all(QkCoQueue *q);
 
 typedef struct QkCoMutex {
     bool locked;

@@ -13,16 +13,13 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#define coroutine_fn /* may yield: call only from a coroutine */
+#include "qcowkit/engine.h"
 
-typedef struct QkCoroutine QkCoroutine;
-typedef void coroutine_fn QkCoroutineEntry(void *opaque);
+/* In qcowkit/engine.h: coroutine_fn, QkCoroutine, qk_coroutine_create()
+ * (runs entry(opaque) when first entered) and qk_coroutine_enter()
+ * (switches into co until it yields or finishes; a finished coroutine's
+ * stack goes back to the pool and co must not be used afterwards). */
 
-/* Creates a coroutine that will run entry(opaque) when first entered. */
-QkCoroutine *qk_coroutine_create(QkCoroutineEntry *entry, void *opaque);
-/* Switches into co until it yields or finishes. A finished coroutine's
- * stack goes back to the pool; co must not be used afterwards. */
-void qk_coroutine_enter(QkCoroutine *co);
 /* Schedules co to be entered from the event loop (safe from anywhere on
  * the loop's thread, including from inside co itself before it yields). */
 void qk_coroutine_wake(QkCoroutine *co);

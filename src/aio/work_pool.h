@@ -9,12 +9,11 @@
 
 #include "aio/coroutine.h"
 
+/* qk_work_pool_set_threads (qcowkit/engine.h): worker threads at most (0:
+ * one per online CPU, the default), for threads started after the call. */
+
 /* Runs fn(arg) on a worker thread (inline when no thread can be had) and
  * returns when it is done. fn must not touch the loop or coroutines. */
 void coroutine_fn qk_co_run_in_thread(void (*fn)(void *), void *arg);
-
-/* Worker threads at most (0: one per online CPU, the default); for
- * threads started after the call. */
-void qk_work_pool_set_threads(unsigned n);
 
 #endif

@@ -49,6 +49,73 @@ const QkBlockDriver *qk_block_find_driver(const char *format)
     return NULL;
 }
 
+bool qk_format_known(const char *format)
+{
+    return qk_block_find_driver(format) != NULL;
+}
+
+bool qk_format_is_image(const char *format)
+{
+    const QkBlockDriver *drv = qk_block_find_driver(format);
+    return drv && !drv->is_protocol;
+}
+
+bool qk_format_can_store_bitmaps(const char *format)
+{
+    const QkBlockDriver *drv = qk_block_find_driver(format);
+    return drv && drv->bitmap_can_store;
+}
+
+const char *qk_block_format_name(const QkBlock *bs)
+{
+    return bs->drv->format_name;
+}
+
+const char *qk_block_filename(const QkBlock *bs)
+{
+    return bs->filename;
+}
+
+QkBlock *qk_block_file(const QkBlock *bs)
+{
+    return bs->file;
+}
+
+QkBlock *qk_block_backing(const QkBlock *bs)
+{
+    return bs->backing;
+}
+
+const char *qk_block_backing_file(const QkBlock *bs)
+{
+    return bs->backing_file;
+}
+
+const char *qk_block_backing_format(const QkBlock *bs)
+{
+    return bs->backing_format;
+}
+
+uint32_t qk_block_mem_alignment(const QkBlock *bs)
+{
+    return bs->mem_alignment ? bs->mem_alignment : 1;
+}
+
+bool qk_block_can_compress(const QkBlock *bs)
+{
+    return bs->drv->co_pwritev_compressed != NULL;
+}
+
+bool qk_block_can_amend(const QkBlock *bs)
+{
+    return bs->drv->co_amend != NULL;
+}
+
+bool qk_block_can_change_backing(const QkBlock *bs)
+{
+    return bs->drv->co_change_backing != NULL;
+}
+
 int qk_cache_mode_parse(const char *name, int *flags)
 {
     int f = *flags & ~(QK_OPEN_NOCACHE | QK_OPEN_WRITETHROUGH | QK_OPEN_NO_FLUSH);

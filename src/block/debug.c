@@ -70,7 +70,7 @@ static void unlink_free(Break *b)
     free(b);
 }
 
-int qk_debug_break(QkDebugEvent ev, const char *tag)
+int qk_debug_break(int ev, const char *tag)
 {
     if (find(tag)) {
         return -EEXIST;

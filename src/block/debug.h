@@ -12,6 +12,7 @@
 #include <stdbool.h>
 
 #include "aio/coroutine.h"
+#include "qcowkit/engine.h"
 
 typedef enum QkDebugEvent {
     QK_DBG_WRITE_AIO,       /* a data write to the host is about to be issued */
@@ -26,18 +27,11 @@ typedef enum QkDebugEvent {
     QK_DBG__COUNT,
 } QkDebugEvent;
 
-/* Event name <-> value ("write_aio", "cow_write", ...). -1 if unknown. */
-int qk_debug_event_parse(const char *name);
+/* Parsing names ("write_aio", "cow_write", ...), arming a one-shot
+ * breakpoint (an event as QkDebugEvent), waiting for and resuming a
+ * paused request: declared in qcowkit/engine.h. */
 const char *qk_debug_event_name(QkDebugEvent ev);
 
-/* Arms a one-shot breakpoint. Returns -EEXIST if the tag is in use. */
-int qk_debug_break(QkDebugEvent ev, const char *tag);
-/* Removes a breakpoint that has not fired yet. -ENOENT if none. */
-int qk_debug_remove_break(const char *tag);
-/* Waits until a request is paused at tag (returns at once if it is). */
-void coroutine_fn qk_debug_wait_break(const char *tag);
-/* Resumes the request paused at tag; -ENOENT if none is paused there. */
-int qk_debug_resume(const char *tag);
 bool qk_debug_is_paused(const char *tag);
 
 /* Called by drivers at named points; pauses when a breakpoint matches. */

@@ -58,6 +58,64 @@ QkDirtyBitmap *qk_dirty_bitmap_find(QkBlock *bs, const char *name)
     return NULL;
 }
 
+QkDirtyBitmap *qk_dirty_bitmap_add_persistent(QkBlock *bs, const char *name, uint64_t granularity,
+                                              QkError *err)
+{
+    if (qk_dirty_bitmap_find(bs, name)) {
+        qk_error_set(err, -EEXIST, "Bitmap already exists: %s", name);
+        return NULL;
+    }
+    if (!bs->drv->bitmap_can_store) {
+        qk_error_set(err, -ENOTSUP, "Can't store persistent bitmaps to %s: Operation not supported",
+                     bs->filename);
+        return NULL;
+    }
+    if (bs->drv->bitmap_can_store(bs, name, granularity, err) < 0) {
+        return NULL;
+    }
+    QkDirtyBitmap *bm = qk_dirty_bitmap_add(bs, name, granularity, err);
+    if (bm) {
+        bm->persistent = true;
+        bm->changed = true; /* new: the image must store it at close */
+    }
+    return bm;
+}
+
+QkDirtyBitmap *qk_dirty_bitmap_first(QkBlock *bs)
+{
+    return bs->dirty_bitmaps;
+}
+
+QkDirtyBitmap *qk_dirty_bitmap_next(QkDirtyBitmap *bm)
+{
+    return bm->next;
+}
+
+const char *qk_dirty_bitmap_name(const QkDirtyBitmap *bm)
+{
+    return bm->name;
+}
+
+uint64_t qk_dirty_bitmap_granularity(const QkDirtyBitmap *bm)
+{
+    return bm->granularity;
+}
+
+bool qk_dirty_bitmap_enabled(const QkDirtyBitmap *bm)
+{
+    return bm->enabled;
+}
+
+bool qk_dirty_bitmap_persistent(const QkDirtyBitmap *bm)
+{
+    return bm->persistent;
+}
+
+bool qk_dirty_bitmap_inconsistent(const QkDirtyBitmap *bm)
+{
+    return bm->inconsistent;
+}
+
 static void bm_free(QkDirtyBitmap *bm)
 {
     qk_hbitmap_free(bm->bits);

@@ -14,10 +14,9 @@
 #include "aio/coroutine.h"
 #include "util/error.h"
 #include "util/hbitmap.h"
+#include "qcowkit/engine.h" /* QkDirtyBitmap and the calls programs use */
 
-typedef struct QkBlock QkBlock;
-
-typedef struct QkDirtyBitmap {
+struct QkDirtyBitmap {
     char *name;
     uint64_t granularity;
     uint64_t size;            /* bytes covered */
@@ -32,23 +31,14 @@ typedef struct QkDirtyBitmap {
     bool changed;             /* enabled, cleared or merged into since it was loaded */
     uint32_t disk_slot;       /* 1 + its index in the directory it was loaded from; 0: new */
     struct QkDirtyBitmap *next;
-} QkDirtyBitmap;
+};
 
-/* Adds a bitmap; name must be unique on bs (NULL for an anonymous one). */
-QkDirtyBitmap *qk_dirty_bitmap_add(QkBlock *bs, const char *name, uint64_t granularity, QkError *err);
-QkDirtyBitmap *qk_dirty_bitmap_find(QkBlock *bs, const char *name);
 /* Before a bitmap is cleared, merged into or otherwise changed by a
  * request: refuses one that is inconsistent or in use (-EINVAL, -EBUSY),
  * and has the image mark a stored copy in use first. May yield. */
 int coroutine_fn qk_co_dirty_bitmap_begin_change(QkBlock *bs, QkDirtyBitmap *bm, QkError *err);
-/* Fails with -EBUSY while the bitmap is in use. */
-int qk_dirty_bitmap_remove(QkBlock *bs, QkDirtyBitmap *bm, QkError *err);
 void qk_dirty_bitmap_remove_all(QkBlock *bs);
 
-void qk_dirty_bitmap_set_enabled(QkDirtyBitmap *bm, bool enabled);
-void qk_dirty_bitmap_clear(QkDirtyBitmap *bm);
-/* dst |= src: same size; granularities may differ (src's ranges widened to dst's). */
-int qk_dirty_bitmap_merge(QkDirtyBitmap *dst, const QkDirtyBitmap *src, QkError *err);
 
 /* Byte-range operations (ranges are widened to granularity). */
 void qk_dirty_bitmap_mark(QkDirtyBitmap *bm, uint64_t off, uint64_t bytes);

@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "util/error.h"
+#include "qcowkit/engine.h" /* qk_inject_configure, qk_inject_stats */
 
 /* What a write to a host file holds. QK_IO_DATA (0) is the default, so
  * untagged writes count as data. */
@@ -49,15 +50,11 @@ typedef enum QkIoKind {
 /* Operations a rule can target: the kinds above, then these. */
 enum { QK_INJ_WRITE = QK_IO__KINDS, QK_INJ_FLUSH, QK_INJ__OPS };
 
-/* Replaces the rule set and zeroes the counters. NULL or "" disarms. */
-int qk_inject_configure(const char *spec, QkError *err);
 /* Name of an operation ("l2", "flush", ...). */
 const char *qk_inject_op_name(int op);
 /* How many operations of op were seen, and how many faults were injected. */
 uint64_t qk_inject_seen(int op);
 uint64_t qk_inject_injected(void);
-/* One line: "write 12 (data 5, header 1, ...), flush 3; 1 fault(s) injected". */
-void qk_inject_stats(char *buf, size_t len);
 
 /* Called by protocol drivers before a write (flags of the request) or a
  * flush: 0, or the -errno the request must fail with. */

@@ -41,7 +41,7 @@ typedef struct WriteTask {
     uint64_t len;
 } WriteTask;
 
-static int coroutine_fn default_save(QkBlock *bs, QkIov *qiov, uint64_t pos)
+int coroutine_fn qk_co_save_vmstate(QkBlock *bs, QkIov *qiov, uint64_t pos)
 {
     if (!bs->drv->co_save_vmstate) {
         return -ENOTSUP;
@@ -49,7 +49,7 @@ static int coroutine_fn default_save(QkBlock *bs, QkIov *qiov, uint64_t pos)
     return bs->drv->co_save_vmstate(bs, qiov, pos);
 }
 
-static int coroutine_fn default_load(QkBlock *bs, QkIov *qiov, uint64_t pos)
+int coroutine_fn qk_co_load_vmstate(QkBlock *bs, QkIov *qiov, uint64_t pos)
 {
     if (!bs->drv->co_load_vmstate) {
         return -ENOTSUP;
@@ -73,7 +73,7 @@ QkVmStateWriter *qk_vmstate_writer_new(QkBlock *bs, const QkVmStateOptions *opts
         return NULL;
     }
     w->bs = bs;
-    w->sink = sink ? sink : default_save;
+    w->sink = sink ? sink : qk_co_save_vmstate;
     w->buf_size = pick_buf_size(opts);
     w->unbuffered = opts && opts->unbuffered;
     w->pool = qk_task_pool_new(opts && opts->workers > 0 ? opts->workers : 4);
@@ -299,7 +299,7 @@ QkVmStateReader *qk_vmstate_reader_new(QkBlock *bs, uint64_t size, const QkVmSta
         return NULL;
     }
     r->bs = bs;
-    r->source = source ? source : default_load;
+    r->source = source ? source : qk_co_load_vmstate;
     r->size = size;
     r->buf_size = pick_buf_size(opts);
     int workers = opts && opts->workers > 0 ? opts->workers : 4;

@@ -30,6 +30,7 @@
 #include <sys/uio.h>
 
 #include "util/error.h"
+#include "qcowkit/engine.h" /* qk_write_log_mark */
 
 #define QK_WRITE_LOG_ENV "QCOWKIT_LOG_WRITES"
 #define QK_WRITE_LOG_MAGIC 0x4c574b51u /* "QKWL" */
@@ -65,9 +66,5 @@ int qk_write_log_op(QkWriteLog *l, QkWriteLogType type, int flags, uint64_t off,
 /* Logs FLUSH_BEGIN and returns the flush id (> 0), or -errno. */
 int64_t qk_write_log_flush_begin(QkWriteLog *l, int flags);
 int qk_write_log_flush_end(QkWriteLog *l, int64_t id, int result);
-
-/* A caller's marker (e.g. "the guest's flush N completed") in the same
- * order as the records around it. 0 when logging is off. */
-int qk_write_log_mark(const char *text);
 
 #endif

@@ -64,23 +64,11 @@ static json_t *coroutine_fn cmd_add(QkDaemon *d, json_t *args, QkError *err)
             return NULL;
         }
     }
-    if (persistent && qk_dirty_bitmap_find(bs, name)) {
-        qk_error_set(err, -EEXIST, "Bitmap already exists: %s", name);
-        return NULL;
-    }
-    if (persistent && !bs->drv->bitmap_can_store) {
-        qk_error_set(err, -ENOTSUP, "Can't store persistent bitmaps to %s: Operation not supported", bs->filename);
-        return NULL;
-    }
-    if (persistent && bs->drv->bitmap_can_store(bs, name, gran, err) < 0) {
-        return NULL;
-    }
-    QkDirtyBitmap *bm = qk_dirty_bitmap_add(bs, name, gran, err);
+    QkDirtyBitmap *bm = persistent ? qk_dirty_bitmap_add_persistent(bs, name, gran, err)
+                                   : qk_dirty_bitmap_add(bs, name, gran, err);
     if (!bm) {
         return NULL;
     }
-    bm->persistent = persistent;
-    bm->changed = true;
     qk_dirty_bitmap_set_enabled(bm, !disabled);
     return json_object();
 }

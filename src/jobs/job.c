@@ -87,6 +87,22 @@ int qk_job_init(QkJob *job, const QkJobDriver *drv, const char *id, QkError *err
     return 0;
 }
 
+QkJobState qk_job_state(const QkJob *job)
+{
+    return job->state;
+}
+
+const char *qk_job_error(const QkJob *job)
+{
+    return job->state == QK_JOB_FAILED ? job->err.msg : "";
+}
+
+void qk_job_progress(const QkJob *job, uint64_t *done, uint64_t *total)
+{
+    *done = job->bytes_done;
+    *total = job->bytes_total;
+}
+
 bool qk_job_is_finished(const QkJob *job)
 {
     return job->state == QK_JOB_COMPLETED || job->state == QK_JOB_CANCELLED ||

@@ -21,17 +21,7 @@
 #include "aio/coroutine.h"
 #include "util/error.h"
 #include "util/ratelimit.h"
-
-typedef enum QkJobState {
-    QK_JOB_CREATED,
-    QK_JOB_RUNNING,
-    QK_JOB_READY,
-    QK_JOB_COMPLETED,
-    QK_JOB_CANCELLED,
-    QK_JOB_FAILED,
-} QkJobState;
-
-typedef struct QkJob QkJob;
+#include "qcowkit/engine.h" /* QkJob, QkJobState and the accessors */
 
 typedef struct QkJobDriver {
     const char *type;              /* "mirror", ... */
@@ -74,13 +64,10 @@ struct QkJob {
 int qk_job_init(QkJob *job, const QkJobDriver *drv, const char *id, QkError *err);
 /* Starts the job's coroutine (state running). */
 void qk_job_start(QkJob *job);
-/* Removes a finished job from the list and frees it. */
-void qk_job_free(QkJob *job);
 
 QkJob *qk_job_find(const char *id);
 QkJob *qk_job_first(void);
 const char *qk_job_state_name(QkJobState s);
-bool qk_job_is_finished(const QkJob *job);
 /* CPU time the whole process used since the job started (until it ended):
  * everything the process did, so the job's own cost only when nothing
  * else runs (a copy with no writer). */

@@ -24,59 +24,11 @@
 #include "block/block.h"
 #include "jobs/job.h"
 
-typedef enum QkMirrorMode {
-    QK_MIRROR_BACKGROUND,
-    QK_MIRROR_WRITE_BLOCKING,
-} QkMirrorMode;
+/* QkMirrorMode, QkMirrorPriority, QkMirrorOptions and the calls that
+ * parse them, open a target, start and complete a job are declared in
+ * qcowkit/engine.h. */
 
-/* Called at the moment of the switch: the source is quiesced (no write in
- * flight, new ones held) and the target holds the same bytes. */
-typedef void QkMirrorSwitchFn(void *opaque, QkBlock *source, QkBlock *target);
-
-/* LOW runs the copies' host I/O on the nice-19 pool. AUTO is NORMAL: on
- * a 2-core machine under a 4k writer at 48K IOPS, LOW kept the writer at
- * 26.3K IOPS but starved the copy (104 MB/s, never ready), NORMAL kept
- * 24.7K and copied at 1108 MB/s (bench/mirror.sh). */
-typedef enum { QK_MIRROR_PRIO_AUTO, QK_MIRROR_PRIO_LOW, QK_MIRROR_PRIO_NORMAL } QkMirrorPriority;
-
-typedef struct QkMirrorOptions {
-    uint64_t granularity;     /* 0: target cluster size clamped to 4K..64K */
-    uint64_t buf_size;        /* bytes of copy buffers in flight; 0: 16 MiB */
-    int max_in_flight;        /* copies at once; 0: 16 */
-    uint64_t speed;           /* bytes/s; 0: unlimited */
-    QkMirrorMode mode;
-    uint64_t ready_threshold; /* ready when dirty bytes <= this; default 0 */
-    bool target_is_zero;      /* fresh target: the bulk pass skips zeroes */
-    bool rescan_per_chunk;    /* ablation: restart the walk and drain per chunk */
-    bool chase_writes;        /* ablation: background passes run back to back whatever the write rate */
-    QkMirrorPriority copy_priority; /* CPU priority of the copies' host I/O */
-    QkMirrorSwitchFn *switch_fn;
-    void *switch_opaque;
-} QkMirrorOptions;
-
-/* Parses "background" / "write-blocking"; -EINVAL otherwise. */
-int qk_mirror_mode_parse(const char *s, QkMirrorMode *mode);
 const char *qk_mirror_mode_name(QkMirrorMode mode);
-/* Parses "low" / "normal" / "auto"; -EINVAL otherwise. */
-int qk_mirror_priority_parse(const char *s, QkMirrorPriority *prio);
-
-/* Opens a mirror's target (flags and format in opts) with the cache mode
- * CACHE ("none", "writeback", ... as qemu-img names them). With CACHE
- * NULL a local file target gets O_DIRECT ("none"), as a VM's disk would,
- * and falls back to the page cache where the file system refuses
- * O_DIRECT; an NBD target ignores it. *used gets the mode opened. */
-QkBlock *coroutine_fn qk_mirror_open_target(const char *target, const QkOpenOptions *opts, const char *cache,
-                                            const char **used, QkError *err);
-
-/* Creates and starts a mirror job. Neither node is owned by the job; both
- * must stay open until it has finished. The target must be at least as
- * large as the source. */
-QkJob *qk_mirror_start(const char *id, QkBlock *source, QkBlock *target,
-                       const QkMirrorOptions *opts, QkError *err);
-
-/* Requests completion (the job must be ready); do_switch runs the switch
- * callback under quiesce before the job ends. */
-int qk_mirror_complete(QkJob *job, bool do_switch, QkError *err);
 
 bool qk_job_is_mirror(const QkJob *job);
 /* Debug counters (for tests and the benchmark). */

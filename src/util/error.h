@@ -10,19 +10,8 @@
 #include <errno.h>
 #include <stdarg.h>
 
-#define QK_ECORRUPT EUCLEAN
+#include "qcowkit/engine.h" /* QkError, qk_error_set */
 
-typedef struct QkError {
-    int code;           /* negative errno, 0 when unset */
-    char msg[3072]; /* room for two 1023-byte names, as in qemu-img's bitmap messages */
-} QkError;
-
-/* Sets err (if non-NULL and not already set) and returns code (negative errno). */
-int qk_error_set(QkError *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-/* Like qk_error_set, appending ": strerror(-code)". */
-int qk_error_set_errno(QkError *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 /* Reports image corruption: "image is corrupt: <msg>", code -QK_ECORRUPT. */
 int qk_error_corrupt(QkError *err, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

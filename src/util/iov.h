@@ -9,17 +9,9 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-typedef struct QkIov {
-    struct iovec *iov;
-    int niov;
-    int nalloc;
-    size_t size;
-    struct iovec local[1]; /* storage for the one-buffer case */
-} QkIov;
+#include "qcowkit/engine.h"
 
 void qk_iov_init(QkIov *q, int hint);
-/* A QkIov over one buffer, with no allocation. */
-void qk_iov_init_buf(QkIov *q, void *buf, size_t len);
 void qk_iov_add(QkIov *q, void *base, size_t len);
 /* Appends the bytes [off, off+len) of src (views, not copies). */
 void qk_iov_concat(QkIov *q, const QkIov *src, size_t off, size_t len);
@@ -35,8 +27,6 @@ int qk_iov_is_zero(const QkIov *q, size_t off, size_t len);
 int qk_iov_is_aligned(const QkIov *q, size_t align);
 
 /* Buffer helpers. */
-int qk_buf_is_zero(const void *buf, size_t len);
-void *qk_aligned_alloc(size_t align, size_t size); /* abort()s never; NULL on failure */
 void *qk_aligned_zalloc(size_t align, size_t size);
 
 #endif

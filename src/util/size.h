@@ -8,11 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Parses s into *out. Returns 0, or -EINVAL (bad syntax) / -ERANGE. */
-int qk_parse_size(const char *s, uint64_t *out);
-/* Parses a plain non-negative integer (no suffix); 0 or -EINVAL/-ERANGE. */
-int qk_parse_uint(const char *s, uint64_t *out);
-/* Formats like qemu-img: "64 KiB", "1 GiB", "1.5 MiB", "512 B". */
-char *qk_format_size(uint64_t v, char *buf, size_t len);
+#include "qcowkit/engine.h"
+/* qk_parse_size, qk_parse_uint and qk_format_size are declared there. */
+
 
 #endif

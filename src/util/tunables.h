@@ -12,29 +12,12 @@
 
 #include <stdint.h>
 
-typedef enum QkTunable {
-    QK_TUNE_URING_ASYNC_MIN,
-    QK_TUNE_URING_ASYNC_MIN_WRITE,
-    QK_TUNE_URING_WRITER,
-    QK_TUNE_URING_COOP,
-    QK_TUNE_BULK_READ_DIRECT,
-    QK_TUNE__COUNT,
-} QkTunable;
-
-typedef struct QkTunableInfo {
-    const char *name;  /* for qk_set_tunable */
-    const char *env;   /* QCOWKIT_... */
-    int64_t def;
-    int64_t max;       /* accepted values are 0..max */
-    const char *doc;
-} QkTunableInfo;
+#include "qcowkit/engine.h" /* QkTunable, QkTunableInfo, qk_tunable_info */
 
 /* The knob's value now. Safe from any thread. */
 int64_t qk_tunable(QkTunable t);
 /* Sets a knob by name from a decimal string: 0, -ENOENT (no such knob) or
  * -EINVAL (not a number in range). */
 int qk_tunable_set(const char *name, const char *value);
-/* Its description (for the manual pages), t < QK_TUNE__COUNT. */
-const QkTunableInfo *qk_tunable_info(QkTunable t);
 
 #endif
