@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""Writes libqcowkit(3) as roff from include/qcowkit/qcowkit.h: the
-header's opening comment is the description, and every comment block
-followed by declarations becomes a subsection with those declarations and
-the comment's text, so the manual says what the header says.
+"""Writes a section-3 manual page as roff from an installed header
+(libqcowkit(3) from include/qcowkit/qcowkit.h, libqcowkit-engine(3) from
+include/qcowkit/engine.h): the header's opening comment is the
+description, and every comment block followed by declarations becomes a
+subsection with those declarations and the comment's text, so the manual
+says what the header says.
 
     python3 scripts/header2man.py include/qcowkit/qcowkit.h VERSION > libqcowkit.3
+    python3 scripts/header2man.py include/qcowkit/engine.h VERSION > libqcowkit-engine.3
 """
 import re
 import sys
@@ -58,12 +61,17 @@ def main():
                 sections.append((text, []))
             continue
         sections.append((text, decl))
-    names = sorted(set(re.findall(r'\b(qk_[a-z_]+)\(', src)))
+    names = sorted(set(re.findall(r'\b(qk_[a-z0-9_]+)\(', src)))
+    header = path.split('include/')[-1]
+    engine = header.endswith('engine.h')
+    page = 'libqcowkit-engine' if engine else 'libqcowkit'
+    summary = ('the qcowkit engine API: block nodes, coroutines, jobs and the daemon' if engine
+               else 'QCOW2 disk-image engine: synchronous and asynchronous image I/O')
 
     w = sys.stdout.write
-    w('.TH LIBQCOWKIT 3 "" "libqcowkit %s" "Library Functions Manual"\n' % version)
-    w('.SH NAME\nlibqcowkit \\- QCOW2 disk-image engine: synchronous and asynchronous image I/O\n')
-    w('.SH SYNOPSIS\n.nf\n.B #include <qcowkit/qcowkit.h>\n.PP\n')
+    w('.TH %s 3 "" "libqcowkit %s" "Library Functions Manual"\n' % (page.upper(), version))
+    w('.SH NAME\n%s \\- %s\n' % (esc(page), summary))
+    w('.SH SYNOPSIS\n.nf\n.B #include <%s>\n.PP\n' % header)
     w('cc prog.c $(pkg\\-config \\-\\-cflags \\-\\-libs qcowkit)\n.fi\n')
     w('.PP\nFunctions: ' + ', '.join('\\fB%s\\fR()' % n.replace('_', '_') for n in names) + '.\n')
     w('.SH DESCRIPTION\n')
@@ -82,12 +90,15 @@ def main():
             w('.fi\n.PP\n')
         for ln in text:
             w((esc(ln) if ln else '.PP') + '\n')
+    if engine:
+        w('.SH SEE ALSO\n.BR libqcowkit (3),\n.BR qcowkit (1)\n')
+        return
     w('.SH ENVIRONMENT\n.TP\n.B QCOWKIT_AIO\nio_uring or threads: the I/O backend of the event loops the '
       'library creates (io_uring by default, falling back to a thread pool).\n.TP\n.B QCOWKIT_URING_ASYNC_MIN, '
       'QCOWKIT_URING_ASYNC_MIN_WRITE, QCOWKIT_URING_WRITER, QCOWKIT_URING_COOP, QCOWKIT_BULK_READ_DIRECT\n'
       'The tuning knobs of qk_set_tunable, which a program\'s own setting overrides; qcowkit(1) '
       'describes each.\n')
-    w('.SH SEE ALSO\n.BR qcowkit (1)\n')
+    w('.SH SEE ALSO\n.BR libqcowkit\\-engine (3),\n.BR qcowkit (1)\n')
 
 
 main()

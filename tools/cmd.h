@@ -12,7 +12,8 @@
 
 #include <jansson.h>
 
-#include "block/block.h"
+#include "qcowkit/engine.h"
+
 
 typedef struct QkCommand {
     const char *name;

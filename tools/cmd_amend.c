@@ -10,9 +10,7 @@
  * (src/qcow2/amend.c).
  */
 #include "cmd.h"
-#include "aio/loop.h"
 #include "progress.h"
-#include "util/size.h"
 
 #include <getopt.h>
 #include <stdlib.h>
@@ -158,8 +156,8 @@ static int parse_one(AmendCmd *c, char *kv)
  * any other is rebase's job, as qemu-img says. */
 static bool backing_differs(const AmendCmd *c)
 {
-    const char *cur = c->bs->backing_file ? c->bs->backing_file : "";
-    const char *curf = c->bs->backing_format ? c->bs->backing_format : "";
+    const char *cur = qk_block_backing_file(c->bs) ? qk_block_backing_file(c->bs) : "";
+    const char *curf = qk_block_backing_format(c->bs) ? qk_block_backing_format(c->bs) : "";
     return (c->backing_file && strcmp(c->backing_file, cur) != 0) ||
            (c->backing_fmt && strcmp(c->backing_fmt, curf) != 0);
 }
@@ -243,8 +241,8 @@ static int run_amend(int argc, char **argv)
         qk_tool_error("Could not open '%s': %s", filename, c.err.msg);
         goto out;
     }
-    if (!c.bs->drv->co_amend) {
-        qk_tool_error("Format driver '%s' does not support option amendment", c.bs->drv->format_name);
+    if (!qk_block_can_amend(c.bs)) {
+        qk_tool_error("Format driver '%s' does not support option amendment", qk_block_format_name(c.bs));
         goto out;
     }
     for (char *save = NULL, *kv = strtok_r(options, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {

@@ -12,9 +12,6 @@
  * job's (src/jobs/convert.c), the bitmaps the format driver's.
  */
 #include "cmd.h"
-#include "aio/loop.h"
-#include "block/dirty_bitmap.h"
-#include "jobs/convert.h"
 #include "progress.h"
 
 #include <getopt.h>
@@ -111,11 +108,11 @@ static int run(int argc, char **argv)
     QkDirtyBitmap *bm = NULL;
     if (bitmap) {
         bm = qk_dirty_bitmap_find(src, bitmap);
-        if (!bm || !bm->persistent) {
+        if (!bm || !qk_dirty_bitmap_persistent(bm)) {
             qk_tool_error("Dirty bitmap '%s' not found", bitmap);
             goto out;
         }
-        if (bm->inconsistent) {
+        if (qk_dirty_bitmap_inconsistent(bm)) {
             qk_tool_error("Bitmap '%s' is inconsistent and cannot be used", bitmap);
             goto out;
         }

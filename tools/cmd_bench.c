@@ -6,9 +6,6 @@
  * and one increment per request) so percentiles cost nothing at run time.
  */
 #include "cmd.h"
-#include "aio/loop.h"
-#include "util/iov.h"
-#include "util/size.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -361,7 +358,7 @@ static int run(int argc, char **argv)
     if (a.aio) {
         if (strcmp(a.aio, "native") == 0) {
             a.native = true;
-        } else if (qk_aio_set_backend_name(a.aio) < 0) {
+        } else if (qk_set_aio_backend(a.aio) < 0) {
             qk_tool_error("Invalid aio option: %s", a.aio);
             return 1;
         }
@@ -390,7 +387,7 @@ static int run(int argc, char **argv)
                  .image_size = (uint64_t)qk_block_length(b->bs), .flush_interval = a.flush_interval,
                  .drain = a.drain, .pattern = a.pattern, .next_offset = a.offset,
                  .running = (int)a.depth};
-    size_t align = b->bs->mem_alignment > 4096 ? b->bs->mem_alignment : 4096;
+    size_t align = qk_block_mem_alignment(b->bs) > 4096 ? qk_block_mem_alignment(b->bs) : 4096;
     for (uint64_t i = 0; i < a.depth; i++) {
         w[i].b = b;
         w[i].buf = qk_aligned_alloc(align, a.size ? a.size : 1);

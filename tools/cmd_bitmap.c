@@ -11,8 +11,6 @@
  * src/qcow2/bitmaps.c).
  */
 #include "cmd.h"
-#include "block/dirty_bitmap.h"
-#include "util/size.h"
 
 #include <getopt.h>
 #include <stdlib.h>
@@ -49,7 +47,7 @@ typedef struct Op {
 static QkDirtyBitmap *find(QkBlock *bs, const char *name, QkError *err)
 {
     QkDirtyBitmap *bm = qk_dirty_bitmap_find(bs, name);
-    if (!bm || !bm->persistent) {
+    if (!bm || !qk_dirty_bitmap_persistent(bm)) {
         qk_error_set(err, -ENOENT, "Dirty bitmap '%s' not found", name);
         return NULL;
     }
@@ -59,7 +57,7 @@ static QkDirtyBitmap *find(QkBlock *bs, const char *name, QkError *err)
 static QkDirtyBitmap *find_usable(QkBlock *bs, const char *name, QkError *err)
 {
     QkDirtyBitmap *bm = find(bs, name, err);
-    if (bm && bm->inconsistent) {
+    if (bm && qk_dirty_bitmap_inconsistent(bm)) {
         qk_error_set(err, -EINVAL, "Bitmap '%s' is inconsistent and cannot be used\n"
                      "Try block-dirty-bitmap-remove to delete this bitmap from disk", name);
         return NULL;
@@ -90,20 +88,8 @@ static int run_op(QkBlock *bs, QkBlock *src_bs, const Op *op, const char *name, 
         if (granularity < 512 || (granularity & (granularity - 1)) || granularity > (1ULL << 31)) {
             return qk_error_set(err, -EINVAL, "Granularity must be power of 2 and at least 512");
         }
-        if (!bs->drv->bitmap_can_store) {
-            return qk_error_set(err, -ENOTSUP, "Can't store persistent bitmaps to %s: Operation not supported",
-                                bs->filename);
-        }
-        if (bs->drv->bitmap_can_store(bs, name, granularity, err) < 0) {
-            return err->code;
-        }
-        bm = qk_dirty_bitmap_add(bs, name, granularity, err);
-        if (!bm) {
-            return err->code ? err->code : -ENOMEM;
-        }
-        bm->persistent = true;
-        bm->changed = true;
-        return 0;
+        bm = qk_dirty_bitmap_add_persistent(bs, name, granularity, err);
+        return bm ? 0 : err->code ? err->code : -ENOMEM;
     case OP_REMOVE:
         bm = find(bs, name, err);
         return bm ? qk_dirty_bitmap_remove(bs, bm, err) : err->code;

@@ -5,8 +5,6 @@
  * leaks, 63 the format has no check.
  */
 #include "cmd.h"
-#include "aio/loop.h"
-#include "qcow2/qcow2.h"
 
 #include <getopt.h>
 #include <inttypes.h>
@@ -163,7 +161,7 @@ static int run(int argc, char **argv)
         return EXIT_NO_CHECK;
     }
     qk_co_run(check_entry, &c);
-    const char *format = c.bs->drv->format_name;
+    const char *format = qk_block_format_name(c.bs);
     int status;
     if (c.ret < 0) {
         qk_tool_error("Check failed: %s", c.err.msg[0] ? c.err.msg : strerror(-c.ret));

@@ -9,10 +9,7 @@
  * jobs/commit.c's.
  */
 #include "cmd.h"
-#include "aio/loop.h"
-#include "jobs/commit.h"
 #include "progress.h"
-#include "util/size.h"
 
 #include <getopt.h>
 #include <stdlib.h>
@@ -119,15 +116,15 @@ static int run_commit(int argc, char **argv)
         return 1;
     }
     int ret = 1;
-    QkBlock *b = c.top->backing;
+    QkBlock *b = qk_block_backing(c.top);
     if (!b) {
         qk_tool_error("Image does not have a backing file");
         goto out;
     }
     c.depth = 1;
     if (base_name) {
-        while (b && !qk_tool_same_file(b->filename, base_name)) {
-            b = b->backing;
+        while (b && !qk_tool_same_file(qk_block_filename(b), base_name)) {
+            b = qk_block_backing(b);
             c.depth++;
         }
         if (!b) {
@@ -141,10 +138,10 @@ static int run_commit(int argc, char **argv)
      * opens with the base's own backing files: a partial write into it
      * copies the rest of its cluster from them, and a zero write must
      * hide them. */
-    QkOpenOptions bo = {.flags = (flags | QK_OPEN_RDWR) & ~QK_OPEN_NO_BACKING, .format = b->drv->format_name};
-    c.base = qk_block_open(b->filename, &bo, &err);
+    QkOpenOptions bo = {.flags = (flags | QK_OPEN_RDWR) & ~QK_OPEN_NO_BACKING, .format = qk_block_format_name(b)};
+    c.base = qk_block_open(qk_block_filename(b), &bo, &err);
     if (!c.base) {
-        qk_tool_error("Could not open '%s': %s", b->filename, err.msg);
+        qk_tool_error("Could not open '%s': %s", qk_block_filename(b), err.msg);
         goto out;
     }
     qk_progress_init(&c.progress, stderr, progress && !quiet);

@@ -13,10 +13,7 @@
  * walk gives. Ranges both images know to be zero are not read.
  */
 #include "cmd.h"
-#include "aio/loop.h"
-#include "jobs/slices.h"
 #include "common/checked.h"
-#include "util/iov.h"
 #include "progress.h"
 
 #include <errno.h>
@@ -320,7 +317,7 @@ static int side_setup(Side *s)
     }
     s->len = (uint64_t)len;
     s->size = (s->len + SECTOR - 1) / SECTOR * SECTOR;
-    for (QkBlock *b = s->bs; b; b = b->backing) {
+    for (QkBlock *b = s->bs; b; b = qk_block_backing(b)) {
         s->nlayers++;
     }
     s->layers = calloc((size_t)s->nlayers, sizeof(*s->layers));
@@ -329,12 +326,12 @@ static int side_setup(Side *s)
         return -1;
     }
     int i = 0;
-    for (QkBlock *b = s->bs; b; b = b->backing, i++) {
+    for (QkBlock *b = s->bs; b; b = qk_block_backing(b), i++) {
         Layer *l = &s->layers[i];
         l->bs = b;
         int64_t bl = qk_block_length(b);
         if (bl < 0) {
-            qk_tool_error("Can't get size of %s: %s", b->filename, strerror((int)-bl));
+            qk_tool_error("Can't get size of %s: %s", qk_block_filename(b), strerror((int)-bl));
             return -1;
         }
         l->len = (uint64_t)bl;
@@ -385,7 +382,7 @@ static int compare_images(Side *s0, Side *s1, bool strict, bool quiet, QkProgres
         return 1;
     }
     uint64_t common = QK_MIN(s0->size, s1->size), larger = QK_MAX(s0->size, s1->size);
-    size_t align = QK_MAX(4096u, QK_MAX(s0->bs->mem_alignment, s1->bs->mem_alignment));
+    size_t align = QK_MAX(4096u, QK_MAX(qk_block_mem_alignment(s0->bs), qk_block_mem_alignment(s1->bs)));
     CompareRun r = {
         .s = {s0, s1}, .strict = strict, .total = larger, .progress = progress,
         .found_off = UINT64_MAX, .found_kind = FOUND_NOTHING,

@@ -9,11 +9,7 @@
  * the target; the copy itself is jobs/convert.c.
  */
 #include "cmd.h"
-#include "aio/loop.h"
-#include "aio/work_pool.h"
-#include "jobs/convert.h"
 #include "progress.h"
-#include "util/size.h"
 
 #include <getopt.h>
 #include <inttypes.h>
@@ -269,8 +265,7 @@ static int run_convert(int argc, char **argv)
         }
         total += (uint64_t)len;
     }
-    const QkBlockDriver *drv = qk_block_find_driver(out_fmt);
-    if (!drv || drv->is_protocol) {
+    if (!qk_format_is_image(out_fmt)) {
         qk_tool_error("Unknown file format '%s'", out_fmt);
         goto out;
     }
@@ -305,7 +300,7 @@ static int run_convert(int argc, char **argv)
         qk_tool_error("Cannot use --target-is-zero when the destination image has a backing file");
         target_is_zero = false;
     }
-    if (compress && !drv->co_pwritev_compressed) {
+    if (compress && !qk_format_can_compress(out_fmt)) {
         qk_tool_error("Compression not supported for this file format");
         goto out;
     }
@@ -316,7 +311,7 @@ static int run_convert(int argc, char **argv)
     /* Writing over a source would destroy what is being read; qemu-img's
      * image locking refuses it, with these words. */
     for (int i = 0; i < nb_src; i++) {
-        if (src[i]->file && qk_tool_same_file(src[i]->file->filename, out_name)) {
+        if (qk_block_file(src[i]) && qk_tool_same_file(qk_block_filename(qk_block_file(src[i])), out_name)) {
             char prefix[4096];
             if (no_create) {
                 snprintf(prefix, sizeof(prefix), "Could not open '%s': ", out_name);

@@ -6,7 +6,6 @@
  * writes anything; the image itself is written by the block layer.
  */
 #include "cmd.h"
-#include "util/size.h"
 
 #include <getopt.h>
 #include <inttypes.h>
@@ -177,7 +176,7 @@ static int run(int argc, char **argv)
     }
     if (a.c.o.backing_file) {
         uint64_t bsize;
-        if (!qk_block_find_driver(a.c.o.backing_fmt)) {
+        if (!qk_format_known(a.c.o.backing_fmt)) {
             qk_tool_error("%s: Unknown driver '%s'", a.filename, a.c.o.backing_fmt);
             return 1;
         }

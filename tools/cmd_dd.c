@@ -10,10 +10,7 @@
  * and runs as parallel slices (jobs/slices.c).
  */
 #include "cmd.h"
-#include "aio/loop.h"
-#include "jobs/slices.h"
 #include "common/checked.h"
-#include "util/size.h"
 
 #include <getopt.h>
 #include <limits.h>
@@ -76,7 +73,7 @@ static void coroutine_fn dd_co(void *opaque)
 {
     DdRun *d = opaque;
     uint64_t len = d->end - d->start;
-    d->ret = qk_co_run_slices(len, 4u << 20, 8, MAX_IO, QK_MAX(4096u, QK_MAX(d->in->mem_alignment, d->out->mem_alignment)),
+    d->ret = qk_co_run_slices(len, 4u << 20, 8, MAX_IO, QK_MAX(4096u, QK_MAX(qk_block_mem_alignment(d->in), qk_block_mem_alignment(d->out))),
                               copy_slice, d);
     if (d->ret == 0) {
         d->ret = qk_co_flush(d->out);
@@ -171,7 +168,7 @@ static int run_dd(int argc, char **argv)
     }
     int ret = 1;
     QkBlock *out = NULL;
-    if (!qk_block_find_driver(out_fmt) || qk_block_find_driver(out_fmt)->is_protocol) {
+    if (!qk_format_is_image(out_fmt)) {
         qk_tool_error("Unknown file format");
         goto done;
     }

@@ -5,9 +5,6 @@
  * not stop `info` from describing the image that names it.
  */
 #include "cmd.h"
-#include "aio/loop.h"
-#include "block/snapshot.h"
-#include "util/size.h"
 
 #include <getopt.h>
 #include <inttypes.h>

@@ -5,7 +5,6 @@
  * family).
  */
 #include "cmd.h"
-#include "aio/loop.h"
 #include "io/io.h"
 
 #include <getopt.h>
@@ -123,7 +122,7 @@ static int run(int argc, char **argv)
                               "cache.direct=on, which was not specified.", filename);
                 goto out;
             }
-        } else if (qk_aio_set_backend_name(aio) < 0) {
+        } else if (qk_set_aio_backend(aio) < 0) {
             qk_tool_error("Invalid aio option: %s", aio);
             goto out;
         }
@@ -134,7 +133,7 @@ static int run(int argc, char **argv)
         qk_tool_error("can't open device %s: %s", filename, err.msg);
         goto out;
     }
-    qk_co_queue_init(&r.io.aio_idle);
+    r.io.aio_idle = (QkCoQueue)QK_CO_QUEUE_INIT;
     /* Line buffering keeps reports and stderr messages in order in logs. */
     setvbuf(stdout, NULL, _IOLBF, 0);
     qk_co_run(interp_entry, &r);

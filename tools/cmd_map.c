@@ -5,8 +5,6 @@
  * layers above leave it unallocated.
  */
 #include "cmd.h"
-#include "aio/loop.h"
-#include "util/size.h"
 
 #include <getopt.h>
 #include <inttypes.h>
@@ -40,7 +38,7 @@ typedef struct MapRun {
 static int coroutine_fn get_extent(QkBlock *top, uint64_t off, uint64_t bytes, Extent *e)
 {
     int depth = 0;
-    for (QkBlock *b = top; b; b = b->backing, depth++) {
+    for (QkBlock *b = top; b; b = qk_block_backing(b), depth++) {
         uint64_t n, map = 0;
         QkBlock *file = NULL;
         int r = qk_co_block_status(b, off, bytes, &n, &map, &file);
@@ -52,7 +50,7 @@ static int coroutine_fn get_extent(QkBlock *top, uint64_t off, uint64_t bytes, E
             *e = (Extent){.start = off, .length = bytes, .depth = depth, .zero = true};
             return 0;
         }
-        if (r & QK_BS_ALLOCATED || !b->backing) {
+        if (r & QK_BS_ALLOCATED || !qk_block_backing(b)) {
             bool present = r & QK_BS_ALLOCATED;
             *e = (Extent){
                 .start = off, .length = n, .depth = depth, .present = present,
@@ -61,7 +59,7 @@ static int coroutine_fn get_extent(QkBlock *top, uint64_t off, uint64_t bytes, E
                 .data = r & QK_BS_DATA,
                 .has_offset = (r & QK_BS_OFFSET_VALID) && file,
                 .offset = map,
-                .file = file ? file->filename : NULL,
+                .file = file ? qk_block_filename(file) : NULL,
             };
             return 0;
         }

@@ -12,7 +12,6 @@
  * an input image and the reading of its bitmap directory.
  */
 #include "cmd.h"
-#include "aio/loop.h"
 #include "common/checked.h"
 
 #include <ctype.h>
@@ -365,7 +364,7 @@ static int coroutine_fn range_has_data(const Walk *w, uint64_t off, uint64_t byt
 {
     uint64_t want = bytes;
     int i = 0;
-    for (QkBlock *b = w->bs; b; b = b->backing, i++) {
+    for (QkBlock *b = w->bs; b; b = qk_block_backing(b), i++) {
         uint64_t n = 0, map = 0;
         QkBlock *file = NULL;
         int r = qk_co_block_status(b, off, want, &n, &map, &file);
@@ -376,7 +375,7 @@ static int coroutine_fn range_has_data(const Walk *w, uint64_t off, uint64_t byt
             *pnum = want;
             return 0;
         }
-        if (!(r & QK_BS_ALLOCATED) && b->backing) {
+        if (!(r & QK_BS_ALLOCATED) && qk_block_backing(b)) {
             want = n;
             continue;
         }
@@ -550,9 +549,9 @@ static bool looks_preallocated(const char *filename)
 /* Notes which layers of the chain get their host holes looked at. */
 static void walk_layers(Walk *w)
 {
-    for (QkBlock *b = w->bs; b && w->nlayers < MAX_LAYERS; b = b->backing) {
-        w->prealloc[w->nlayers++] = strcmp(b->drv->format_name, "qcow2") == 0 && b->filename &&
-                                    looks_preallocated(b->filename);
+    for (QkBlock *b = w->bs; b && w->nlayers < MAX_LAYERS; b = qk_block_backing(b)) {
+        w->prealloc[w->nlayers++] = strcmp(qk_block_format_name(b), "qcow2") == 0 && qk_block_filename(b) &&
+                                    looks_preallocated(qk_block_filename(b));
     }
 }
 
@@ -623,7 +622,7 @@ static int measure_qcow2(const MeasureOpts *m, QkBlock *in, const char *filename
     }
     r->fully = full;
     r->required = full - div_up(vsize, cs) * cs + data;
-    if (in && strcmp(in->drv->format_name, "qcow2") == 0) {
+    if (in && strcmp(qk_block_format_name(in), "qcow2") == 0) {
         bool v3_out = !m->compat || strcmp(m->compat, "0.10") != 0;
         r->has_bitmaps = input_bitmaps(filename, vsize, cs, &r->bitmaps) && v3_out;
     }

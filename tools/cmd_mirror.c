@@ -6,9 +6,6 @@
  * same job the daemon runs under live writes.
  */
 #include "cmd.h"
-#include "aio/loop.h"
-#include "block/block.h"
-#include "jobs/mirror.h"
 #include "progress.h"
 
 #include <getopt.h>
@@ -75,21 +72,24 @@ static void coroutine_fn mirror_co(void *opaque)
     QkProgress p;
     qk_progress_init(&p, stderr, c->progress);
     qk_progress_update(&p, 0, 1);
+    bool completing = false;
     while (!qk_job_is_finished(job)) {
-        if (job->state == QK_JOB_READY && !job->complete_requested) {
-            qk_mirror_complete(job, false, &err);
+        if (qk_job_state(job) == QK_JOB_READY && !completing) {
+            completing = qk_mirror_complete(job, false, &err) == 0;
         }
-        qk_progress_update(&p, job->bytes_done, job->bytes_total);
+        uint64_t done, total;
+        qk_job_progress(job, &done, &total);
+        qk_progress_update(&p, done, total);
         qk_co_sleep_ns(20 * 1000000LL);
     }
-    if (job->state == QK_JOB_COMPLETED) {
+    if (qk_job_state(job) == QK_JOB_COMPLETED) {
         qk_progress_finish(&p);
         c->ret = 0;
     } else {
         if (c->progress) {
             fputc('\n', stderr);
         }
-        qk_tool_error("%s", job->state == QK_JOB_FAILED ? job->err.msg : "mirror was cancelled");
+        qk_tool_error("%s", qk_job_state(job) == QK_JOB_FAILED ? qk_job_error(job) : "mirror was cancelled");
     }
     qk_job_free(job);
     int cr = qk_co_block_close(dst);

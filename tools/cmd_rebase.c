@@ -14,8 +14,6 @@
  * every check that can fail runs before the first write.
  */
 #include "cmd.h"
-#include "aio/loop.h"
-#include "jobs/rebase.h"
 #include "progress.h"
 
 #include <getopt.h>
@@ -145,7 +143,7 @@ static int run_rebase(int argc, char **argv)
         qk_tool_error("Invalid source cache option: %s", src_cache);
         return 1;
     }
-    if (c.backing_fmt && !qk_block_find_driver(c.backing_fmt)) {
+    if (c.backing_fmt && !qk_format_known(c.backing_fmt)) {
         qk_tool_error("Invalid format name: '%s'", c.backing_fmt);
         return 1;
     }
@@ -162,11 +160,11 @@ static int run_rebase(int argc, char **argv)
         return 1;
     }
     /* Everything that can refuse refuses here, before any write. */
-    if (c.compress && !c.top->drv->co_pwritev_compressed) {
+    if (c.compress && !qk_block_can_compress(c.top)) {
         qk_tool_error("Compression not supported for this file format");
         goto out;
     }
-    if (!c.top->drv->co_change_backing) {
+    if (!qk_block_can_change_backing(c.top)) {
         change_error(&c, "Operation not supported");
         goto out;
     }
@@ -191,9 +189,11 @@ static int run_rebase(int argc, char **argv)
     }
     /* An image must not end up in its own backing chain: every later
      * open would fail (and a safe rebase would compare it with itself). */
-    bool loops = path && qk_tool_same_file(path, c.top->file ? c.top->file->filename : filename);
-    for (QkBlock *b = c.nb; b && !loops; b = b->backing) {
-        loops = b->file && c.top->file && qk_tool_same_file(b->file->filename, c.top->file->filename);
+    QkBlock *top_file = qk_block_file(c.top);
+    bool loops = path && qk_tool_same_file(path, top_file ? qk_block_filename(top_file) : filename);
+    for (QkBlock *b = c.nb; b && !loops; b = qk_block_backing(b)) {
+        QkBlock *f = qk_block_file(b);
+        loops = f && top_file && qk_tool_same_file(qk_block_filename(f), qk_block_filename(top_file));
     }
     free(path);
     if (loops) {

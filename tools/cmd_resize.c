@@ -9,8 +9,6 @@
  * src/qcow2/resize.c).
  */
 #include "cmd.h"
-#include "aio/loop.h"
-#include "util/size.h"
 
 #include <getopt.h>
 #include <stdlib.h>
@@ -170,7 +168,7 @@ static int run_resize(int argc, char **argv)
                 qk_progname);
         goto out;
     }
-    if (prealloc == QK_PREALLOC_METADATA && strcmp(bs->drv->format_name, "qcow2") != 0) {
+    if (prealloc == QK_PREALLOC_METADATA && strcmp(qk_block_format_name(bs), "qcow2") != 0) {
         qk_tool_error("Unsupported preallocation mode: metadata");
         goto out;
     }

@@ -3,7 +3,6 @@
  * Only turns the command line into a QkDaemonConfig; src/daemon runs it.
  */
 #include "cmd.h"
-#include "daemon/daemon.h"
 
 #include <getopt.h>
 #include <stdio.h>

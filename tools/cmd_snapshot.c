@@ -6,10 +6,6 @@
  * one (--vmstate-out, read with read-ahead).
  */
 #include "cmd.h"
-#include "aio/loop.h"
-#include "block/snapshot.h"
-#include "block/vmstate.h"
-#include "util/size.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -58,7 +54,7 @@ static int coroutine_fn failing_sink(QkBlock *bs, QkIov *qiov, uint64_t pos)
     if (pos + qiov->size > fail_at) {
         return -EIO;
     }
-    return bs->drv->co_save_vmstate(bs, qiov, pos);
+    return qk_co_save_vmstate(bs, qiov, pos);
 }
 
 /* Reads up to len bytes, yielding to the loop while a pipe is empty so

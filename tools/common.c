@@ -3,9 +3,6 @@
  * one consistent voice.
  */
 #include "cmd.h"
-#include "aio/loop.h"
-#include "block/snapshot.h"
-#include "util/size.h"
 #include <errno.h>
 #include <inttypes.h>
 

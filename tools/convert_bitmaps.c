@@ -5,23 +5,21 @@
  * skipped with a warning under --skip-broken-bitmaps.
  */
 #include "cmd.h"
-#include "block/dirty_bitmap.h"
 
 #include <string.h>
 
 int qk_tool_bitmaps_can_copy(QkBlock *src, const char *out_fmt, bool skip_broken)
 {
-    const QkBlockDriver *drv = qk_block_find_driver(out_fmt);
-    if (!drv || !drv->bitmap_can_store) {
+    if (!qk_format_can_store_bitmaps(out_fmt)) {
         qk_tool_error("Format driver '%s' does not support bitmaps", out_fmt);
         return -1;
     }
-    for (QkDirtyBitmap *bm = src->dirty_bitmaps; bm; bm = bm->next) {
-        if (!bm->persistent || !bm->inconsistent) {
+    for (QkDirtyBitmap *bm = qk_dirty_bitmap_first(src); bm; bm = qk_dirty_bitmap_next(bm)) {
+        if (!qk_dirty_bitmap_persistent(bm) || !qk_dirty_bitmap_inconsistent(bm)) {
             continue;
         }
         if (!skip_broken) {
-            qk_tool_error("Cannot copy inconsistent bitmap '%s'", bm->name);
+            qk_tool_error("Cannot copy inconsistent bitmap '%s'", qk_dirty_bitmap_name(bm));
             fprintf(stderr, "Try --skip-broken-bitmaps, or use '%s bitmap --remove' to delete it\n", qk_progname);
             return -1;
         }
@@ -33,34 +31,30 @@ int qk_tool_bitmaps_copy(QkBlock *src, QkBlock *dst, bool skip_broken)
 {
     /* Oldest first, as the source lists them (the node's list is newest first). */
     unsigned n = 0;
-    for (QkDirtyBitmap *bm = src->dirty_bitmaps; bm; bm = bm->next) {
-        n += bm->persistent;
+    for (QkDirtyBitmap *bm = qk_dirty_bitmap_first(src); bm; bm = qk_dirty_bitmap_next(bm)) {
+        n += qk_dirty_bitmap_persistent(bm);
     }
     for (unsigned k = n; k > 0; k--) {
-        QkDirtyBitmap *bm = src->dirty_bitmaps;
-        for (unsigned i = 0; bm; bm = bm->next) {
-            if (bm->persistent && ++i == k) {
+        QkDirtyBitmap *bm = qk_dirty_bitmap_first(src);
+        for (unsigned i = 0; bm; bm = qk_dirty_bitmap_next(bm)) {
+            if (qk_dirty_bitmap_persistent(bm) && ++i == k) {
                 break;
             }
         }
-        if (bm->inconsistent) {
+        const char *name = qk_dirty_bitmap_name(bm);
+        if (qk_dirty_bitmap_inconsistent(bm)) {
             if (skip_broken) {
-                qk_tool_error("warning: Skipping inconsistent bitmap '%s'", bm->name);
+                qk_tool_error("warning: Skipping inconsistent bitmap '%s'", name);
             }
             continue;
         }
         QkError err = {0};
-        QkDirtyBitmap *nb = NULL;
-        if (dst->drv->bitmap_can_store(dst, bm->name, bm->granularity, &err) == 0) {
-            nb = qk_dirty_bitmap_add(dst, bm->name, bm->granularity, &err);
-        }
+        QkDirtyBitmap *nb = qk_dirty_bitmap_add_persistent(dst, name, qk_dirty_bitmap_granularity(bm), &err);
         if (!nb || qk_dirty_bitmap_merge(nb, bm, &err) < 0) {
-            qk_tool_error("Failed to populate bitmap %s: %s", bm->name, err.msg);
+            qk_tool_error("Failed to populate bitmap %s: %s", name, err.msg);
             return -1;
         }
-        nb->persistent = true;
-        nb->changed = true;
-        nb->enabled = bm->enabled;
+        qk_dirty_bitmap_set_enabled(nb, qk_dirty_bitmap_enabled(bm));
     }
     return 0;
 }

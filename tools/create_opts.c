@@ -8,7 +8,6 @@
  * "Formatting" line (or, in convert, after the sources are open).
  */
 #include "cmd.h"
-#include "util/size.h"
 
 #include <stdio.h>
 #include <string.h>

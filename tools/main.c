@@ -5,8 +5,6 @@
  * reports the counts on stderr at the end.
  */
 #include "cmd.h"
-#include "aio/loop.h"
-#include "block/inject.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,7 +78,7 @@ int main(int argc, char **argv)
             return 0;
         } else if (strcmp(argv[i], "--aio") == 0 && i + 1 < argc) {
             aio_threads = strcmp(argv[i + 1], "threads") == 0;
-            if (qk_aio_set_backend_name(argv[i + 1]) < 0) {
+            if (qk_set_aio_backend(argv[i + 1]) < 0) {
                 qk_tool_error("Invalid aio backend '%s' (use io_uring or threads)", argv[i + 1]);
                 return 1;
             }

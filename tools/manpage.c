@@ -4,13 +4,12 @@
  * manual cannot drift from the program. meson builds and installs it.
  */
 #include "cmd.h"
-#include "util/tunables.h"
 
 #include <stdio.h>
 #include <string.h>
 
 /* The environment variables the tools read besides the library's tuning
- * knobs (util/tunables.h, listed after these). */
+ * knobs (qk_tunable_info, listed after these). */
 static const struct {
     const char *name, *text;
 } env_vars[] = {

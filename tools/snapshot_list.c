@@ -3,7 +3,6 @@
  * and `qcowkit info`: the human table and the JSON objects.
  */
 #include "cmd.h"
-#include "block/snapshot.h"
 
 #include <inttypes.h>
 #include <math.h>

@@ -27,7 +27,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-#include "qcowkit/qcowkit.h"
+#include <qcowkit/qcowkit.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -278,6 +278,8 @@ bool qk_format_known(const char *format);
 bool qk_format_is_image(const char *format);
 /* True when images of the format can store persistent dirty bitmaps. */
 bool qk_format_can_store_bitmaps(const char *format);
+/* True when the format can store compressed clusters (QK_REQ_COMPRESSED). */
+bool qk_format_can_compress(const char *format);
 
 /* True for nbd://, nbd+unix://, nbds:// and nbds+unix:// names: these
  * open through the nbd protocol driver instead of as host files. */

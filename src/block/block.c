@@ -66,6 +66,12 @@ bool qk_format_can_store_bitmaps(const char *format)
     return drv && drv->bitmap_can_store;
 }
 
+bool qk_format_can_compress(const char *format)
+{
+    const QkBlockDriver *drv = qk_block_find_driver(format);
+    return drv && drv->co_pwritev_compressed;
+}
+
 const char *qk_block_format_name(const QkBlock *bs)
 {
     return bs->drv->format_name;

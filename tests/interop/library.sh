@@ -2,8 +2,10 @@
 # libqcowkit as a user gets it: `meson install` into a DESTDIR, then the
 # examples compiled with `pkg-config --cflags --libs qcowkit` and run
 # against images qemu-img and qemu-io made; qemu-img judges the results.
-# The shared library must export exactly the functions the public header
-# declares (and the linker map lists).
+# The shared library must export exactly the functions the installed
+# headers declare (and the linker map lists), and the qcowkit tools must be
+# a program of it: linked to the shared library, built from the installed
+# headers only.
 set -eu
 top=${SRC_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 d=${TEST_DIR:-$(mktemp -d)}
@@ -13,20 +15,44 @@ command -v pkg-config >/dev/null || { echo "pkg-config missing"; exit 1; }
 meson install -C "$top/build" --destdir "$root" --quiet >/dev/null
 pc=$(find "$root" -name qcowkit.pc | head -n 1)
 [ -n "$pc" ] || { echo "qcowkit.pc not installed"; exit 1; }
-[ -f "$(find "$root" -path '*/include/qcowkit/qcowkit.h' | head -n 1)" ] || { echo "header not installed"; exit 1; }
+for h in qcowkit.h engine.h; do
+  [ -f "$(find "$root" -path "*/include/qcowkit/$h" | head -n 1)" ] || { echo "$h not installed"; exit 1; }
+done
 so=$(find "$root" -name 'libqcowkit.so.0' | head -n 1)
 [ -n "$so" ] || { echo "libqcowkit.so.0 not installed"; exit 1; }
 export PKG_CONFIG_SYSROOT_DIR="$root" PKG_CONFIG_PATH=$(dirname "$pc")
 flags=$(pkg-config --cflags --libs qcowkit)
 echo "pkg-config: ok"
 
-# Exports: exactly the header's functions.
-grep -oE '\bqk_[a-z_]+\(' "$top/include/qcowkit/qcowkit.h" | tr -d '(' | sort -u >"$d/header.syms"
-nm -D --defined-only "$so" | awk '$2 != "A" {sub(/@.*/, "", $3); print $3}' | sort -u >"$d/exported.syms"
+# Exports: exactly the headers' functions, each under its header's version
+# node (QCOWKIT_0 for qcowkit.h, QCOWKIT_ENGINE_0 for engine.h).
+syms() { grep -oE '\bqk_[a-z0-9_]+\(' "$1" | tr -d '(' | sort -u; }
+syms "$top/include/qcowkit/qcowkit.h" >"$d/header.syms"
+syms "$top/include/qcowkit/engine.h" >"$d/engine.syms"
+if comm -12 "$d/header.syms" "$d/engine.syms" | grep .; then echo "declared in both headers"; exit 1; fi
+nm -D --defined-only "$so" | awk '$2 != "A" {print $3}' | sort -u >"$d/exported.raw"
+sed -n 's/@@QCOWKIT_0$//p' "$d/exported.raw" >"$d/exported.syms"
+sed -n 's/@@QCOWKIT_ENGINE_0$//p' "$d/exported.raw" >"$d/exported-engine.syms"
 if ! diff -u "$d/header.syms" "$d/exported.syms"; then
-  echo "exported symbols differ from the public header"; exit 1
+  echo "QCOWKIT_0 exports differ from qcowkit.h"; exit 1
 fi
-echo "exports: $(wc -l <"$d/exported.syms") functions, all public"
+if ! diff -u "$d/engine.syms" "$d/exported-engine.syms"; then
+  echo "QCOWKIT_ENGINE_0 exports differ from engine.h"; exit 1
+fi
+n=$(wc -l <"$d/exported.raw"); want=$(( $(wc -l <"$d/header.syms") + $(wc -l <"$d/engine.syms") ))
+[ "$n" -eq "$want" ] || { echo "exports: $n symbols, the headers declare $want"; exit 1; }
+echo "exports: $(wc -l <"$d/exported.syms") public and $(wc -l <"$d/engine.syms") engine functions, nothing else"
+
+# The tools: linked to the installed shared library, and no tool source
+# includes a header from src/ (they are compiled without it on the path).
+qk=$(find "$root" -path '*/bin/qcowkit' | head -n 1)
+LD_LIBRARY_PATH=$(dirname "$so") ldd "$qk" | grep -q "$(dirname "$so")/libqcowkit.so.0" ||
+  { echo "qcowkit does not link the installed libqcowkit.so.0"; exit 1; }
+internal=$(cd "$top/src" && ls -d */ | tr -d / | paste -sd'|')
+if grep -nE "#include [\"<](src/|($internal)/)" "$top"/tools/*.[ch] "$top"/tools/*/*.[ch]; then
+  echo "a tool includes an internal header"; exit 1
+fi
+echo "tools: link libqcowkit.so.0, include only installed headers"
 
 for ex in copy async_reader; do
   cc -Wall -Wextra -Werror -o "$d/$ex" "$top/examples/$ex.c" $flags
@@ -66,10 +92,11 @@ echo "errors: ok"
 # The manual pages are installed and render; qcowkit(1) has every command's
 # usage (the same text as `qcowkit help NAME`), libqcowkit(3) every function.
 m1=$(find "$root" -name qcowkit.1 | head -n 1); m3=$(find "$root" -name libqcowkit.3 | head -n 1)
-[ -n "$m1" ] && [ -n "$m3" ] || { echo "manual pages not installed"; exit 1; }
+m3e=$(find "$root" -name libqcowkit-engine.3 | head -n 1)
+[ -n "$m1" ] && [ -n "$m3" ] && [ -n "$m3e" ] || { echo "manual pages not installed"; exit 1; }
 MANWIDTH=200 man -l "$m1" 2>"$d/man.err" >"$d/man1.txt"; [ ! -s "$d/man.err" ] || { cat "$d/man.err"; exit 1; }
 MANWIDTH=200 man -l "$m3" 2>"$d/man.err" >"$d/man3.txt"; [ ! -s "$d/man.err" ] || { cat "$d/man.err"; exit 1; }
-qk=$(find "$root" -path '*/bin/qcowkit' | head -n 1)
+MANWIDTH=200 man -l "$m3e" 2>"$d/man.err" >"$d/man3e.txt"; [ ! -s "$d/man.err" ] || { cat "$d/man.err"; exit 1; }
 cmds=$("$qk" --help | awk '/^Commands:/ {on=1; next} on && /^  [a-z]/ {print $1}')
 [ "$(echo "$cmds" | wc -w)" -ge 10 ] || { echo "command list not found in --help"; exit 1; }
 for c in $cmds; do
@@ -80,4 +107,7 @@ done
 while read -r f; do
   grep -q "$f" "$d/man3.txt" || { echo "libqcowkit(3) lacks $f"; exit 1; }
 done <"$d/header.syms"
+while read -r f; do
+  grep -q "$f" "$d/man3e.txt" || { echo "libqcowkit-engine(3) lacks $f"; exit 1; }
+done <"$d/engine.syms"
 echo "manual pages: render, every command and function present"

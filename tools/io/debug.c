@@ -6,7 +6,6 @@
  * around it show the order the driver lets requests finish in.
  */
 #include "io/io.h"
-#include "block/debug.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -21,7 +20,7 @@ static int coroutine_fn break_f(QkIo *io, int argc, char **argv)
         printf("Could not set breakpoint: %s\n", strerror(ENOENT));
         return -ENOENT;
     }
-    int r = qk_debug_break((QkDebugEvent)ev, argv[2]);
+    int r = qk_debug_break(ev, argv[2]);
     if (r < 0) {
         printf("Could not set breakpoint: %s\n", strerror(-r));
     }

@@ -13,8 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "aio/co_sync.h"
-#include "block/block.h"
+#include "qcowkit/engine.h"
+
 
 typedef struct QkIo {
     QkBlock *bs;

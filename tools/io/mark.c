@@ -7,7 +7,6 @@
  * where everything before is durable.
  */
 #include "io/io.h"
-#include "block/writelog.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -2,7 +2,6 @@
  * Interpreter commands that touch no image data: help, sleep, quit.
  */
 #include "io/io.h"
-#include "aio/loop.h"
 
 #include <errno.h>
 #include <stdio.h>

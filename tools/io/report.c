@@ -4,7 +4,6 @@
  * parsing of size and pattern arguments with qemu-io's messages.
  */
 #include "io/io.h"
-#include "util/size.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -5,9 +5,7 @@
  * reports when it completes, in completion order, as qemu-io does.
  */
 #include "io/io.h"
-#include "aio/loop.h"
 #include "common/checked.h"
-#include "util/iov.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -94,7 +92,7 @@ static int parse_rw(IoReq *r, int argc, char **argv)
         return -EINVAL;
     }
     if (!r->zero) {
-        size_t align = r->io->bs->mem_alignment ? r->io->bs->mem_alignment : 1;
+        size_t align = qk_block_mem_alignment(r->io->bs) ? qk_block_mem_alignment(r->io->bs) : 1;
         r->buf = qk_aligned_alloc(align < 512 ? 512 : align, r->count ? (size_t)r->count : 1);
         if (!r->buf) {
             printf("%s failed: %s\n", r->cmd->name, strerror(ENOMEM));
