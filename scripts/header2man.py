@@ -70,6 +70,8 @@ def main():
 
     w = sys.stdout.write
     w('.TH %s 3 "" "libqcowkit %s" "Library Functions Manual"\n' % (page.upper(), version))
+    # No hyphenation: a function name broken across lines is not findable.
+    w('.nh\n')
     w('.SH NAME\n%s \\- %s\n' % (esc(page), summary))
     w('.SH SYNOPSIS\n.nf\n.B #include <%s>\n.PP\n' % header)
     w('cc prog.c $(pkg\\-config \\-\\-cflags \\-\\-libs qcowkit)\n.fi\n')
