@@ -21,7 +21,8 @@ convert against qemu-img convert -m 16 -W -t none -T none on a generated
 compressor's limits.
 
 The persistent-bitmap rows (--only bitmaps) come from bench/bitmaps.sh,
-the incremental-backup rows (--only backup) from bench/backup.sh.
+the incremental-backup rows (--only backup) from bench/backup.sh, the
+RBD rows (--only rbd) from bench/rbd.sh, which starts a Ceph cluster.
 The VM-state rows (--only vmstate) come from bench/vmstate.sh: saving a
 migration-like stream of pseudo-random pages (256 MiB with --quick, else
 2 GiB) through the buffered writer, the unbuffered path and the CLI pipe,
@@ -343,6 +344,13 @@ def main():
             if p.returncode != 0:
                 raise RuntimeError("bench/backup.sh failed (%d):\n%s" % (p.returncode, p.stdout[-3000:]))
             extra_md.append("### Incremental backup\n\n" + p.stdout.strip() + "\n")
+        if selected(a.only, "rbd", "ceph"):
+            # Its own table: it starts a Ceph cluster of its own.
+            p = sh(["bash", os.path.join(TOP, "bench", "rbd.sh"), "--runs", str(min(runs, 3)), "--dir", scratch,
+                    "--size", "1G" if a.quick else "4G"])
+            if p.returncode != 0:
+                raise RuntimeError("bench/rbd.sh failed (%d):\n%s" % (p.returncode, p.stdout[-3000:]))
+            extra_md.append("### Ceph RBD\n\n" + p.stdout.strip() + "\n")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -2,8 +2,10 @@
 # Installs the Debian packages that building, testing and benchmarking qcowkit
 # need (qemu-system-common: qemu-storage-daemon, which the mirror benchmark
 # compares with; gdb: backtraces of a test that timed out; python3-libnbd:
-# the backup tool of tests/interop/nbd-backup). Safe to run
-# again: it installs only what is missing.
+# the backup tool of tests/interop/nbd-backup; ceph-mon, ceph-mgr, ceph-osd
+# and ceph-common: the throwaway cluster of the RBD tests and benchmark;
+# qemu-block-extra: qemu-img's rbd driver, their judge). Safe to run again:
+# it installs only what is missing.
 set -euo pipefail
 
 pkgs=(
@@ -12,6 +14,7 @@ pkgs=(
   libnbd-dev libnbd-bin python3-libnbd
   qemu-utils fio time iproute2 gnuplot-nox python3 strace gdb
   qemu-system-common
+  librbd-dev ceph-mon ceph-mgr ceph-osd ceph-common qemu-block-extra
   clang libclang-rt-14-dev
 )
 

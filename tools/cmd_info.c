@@ -199,7 +199,7 @@ static int run(int argc, char **argv)
     struct { dev_t dev; ino_t ino; } seen[MAX_LAYERS];
     for (int depth = 0; name; depth++) {
         struct stat st;
-        bool have = !qk_block_is_nbd_uri(name) && stat(name, &st) == 0;
+        bool have = !qk_block_is_remote(name) && stat(name, &st) == 0;
         for (int i = 0; have && i < depth; i++) {
             if (seen[i].dev == st.st_dev && seen[i].ino == st.st_ino) {
                 qk_tool_error("Backing chain of '%s' loops: '%s' is its own backing file", argv[optind], name);

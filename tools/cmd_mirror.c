@@ -43,7 +43,7 @@ static void coroutine_fn mirror_co(void *opaque)
     }
     struct stat sb;
     bool created = false;
-    if (stat(c->dst, &sb) != 0) {
+    if (!qk_block_is_remote(c->dst) && stat(c->dst, &sb) != 0) {
         QkCreateOptions co = {.format = c->out_fmt ? c->out_fmt : "qcow2",
                               .size = (uint64_t)qk_block_length(src), .size_set = true};
         if (qk_co_block_create(c->dst, &co, &err) < 0) {

@@ -156,6 +156,9 @@ void qk_tool_print_format_specific(const QkImageInfo *info)
 
 bool qk_tool_same_file(const char *a, const char *b)
 {
+    if (qk_block_is_remote(a) || qk_block_is_remote(b)) {
+        return strcmp(a, b) == 0; /* no host file to compare */
+    }
     struct stat sa, sb;
     return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }

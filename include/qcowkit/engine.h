@@ -284,6 +284,10 @@ bool qk_format_can_compress(const char *format);
 /* True for nbd://, nbd+unix://, nbds:// and nbds+unix:// names: these
  * open through the nbd protocol driver instead of as host files. */
 bool qk_block_is_nbd_uri(const char *filename);
+/* True for rbd:POOL/IMAGE... names (Ceph RBD images, as QEMU spells them). */
+bool qk_block_is_rbd_name(const char *filename);
+/* Either of those: a name that is no host file (never stat it). */
+bool qk_block_is_remote(const char *filename);
 /* The path to open for the backing file name an image records, resolved
  * as QEMU does (relative to the image's directory unless absolute or a
  * URL). NULL when out of memory; free() the result. */

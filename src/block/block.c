@@ -24,6 +24,7 @@ static const QkBlockDriver *const drivers[] = {
     &qk_drv_raw,
     &qk_drv_file,
     &qk_drv_nbd,
+    &qk_drv_rbd,
 };
 
 /* Here, not in the NBD driver: builds without it still recognise the
@@ -195,19 +196,48 @@ QkBlock *coroutine_fn qk_co_file_open(const char *filename, int flags, QkError *
     return bs;
 }
 
-/* A protocol node: a remote NBD export for nbd URIs, else a host file. */
+bool qk_block_is_rbd_name(const char *filename)
+{
+    return strncmp(filename, "rbd:", 4) == 0;
+}
+
+bool qk_block_is_remote(const char *filename)
+{
+    return qk_block_is_nbd_uri(filename) || qk_block_is_rbd_name(filename);
+}
+
+/* The protocol driver a name opens with: a remote NBD export for nbd
+ * URIs, an RBD image for rbd: names, else a host file. */
+static const QkBlockDriver *protocol_driver(const char *filename)
+{
+    return qk_block_is_nbd_uri(filename) ? &qk_drv_nbd
+           : qk_block_is_rbd_name(filename) ? &qk_drv_rbd
+           : &qk_drv_file;
+}
+
+int coroutine_fn qk_co_protocol_create(const char *filename, const QkCreateOptions *opts, QkError *err)
+{
+    const QkBlockDriver *drv = protocol_driver(filename);
+    if (!drv->co_create) {
+        return qk_error_set(err, -ENOTSUP, "Cannot create '%s': the %s protocol creates no images",
+                            filename, drv->format_name);
+    }
+    return drv->co_create(filename, opts, err);
+}
+
 static QkBlock *coroutine_fn protocol_open(const char *filename, int flags, QkError *err)
 {
-    if (!qk_block_is_nbd_uri(filename)) {
+    const QkBlockDriver *drv = protocol_driver(filename);
+    if (drv == &qk_drv_file) {
         return qk_co_file_open(filename, flags, err);
     }
-    QkBlock *bs = node_new(&qk_drv_nbd, filename, flags);
+    QkBlock *bs = node_new(drv, filename, flags);
     if (!bs) {
         qk_error_set(err, -ENOMEM, "out of memory");
         return NULL;
     }
     QkOpenOptions o = {.flags = flags};
-    if (qk_drv_nbd.co_open(bs, &o, err) < 0) {
+    if (drv->co_open(bs, &o, err) < 0) {
         node_free(bs);
         return NULL;
     }
@@ -243,7 +273,8 @@ static const QkBlockDriver *probe(QkBlock *file)
 
 char *qk_block_backing_path(const char *image, const char *backing)
 {
-    if (backing[0] == '/' || strstr(backing, "://") || strncmp(backing, "nbd:", 4) == 0) {
+    if (backing[0] == '/' || strstr(backing, "://") || strncmp(backing, "nbd:", 4) == 0 ||
+        qk_block_is_rbd_name(backing)) {
         return strdup(backing);
     }
     const char *slash = strrchr(image, '/');
@@ -276,7 +307,7 @@ static int chain_check(const char *filename, const ChainLink *up, int depth, Cha
 {
     struct stat st;
     *me = (ChainLink){.up = up};
-    if (!qk_block_is_nbd_uri(filename) && stat(filename, &st) == 0) {
+    if (!qk_block_is_remote(filename) && stat(filename, &st) == 0) {
         me->dev = st.st_dev;
         me->ino = st.st_ino;
         for (const ChainLink *l = up; l; l = l->up) {
@@ -308,7 +339,7 @@ static QkBlock *coroutine_fn open_depth(const char *filename, const QkOpenOption
             return NULL;
         }
     }
-    bool nbd = qk_block_is_nbd_uri(filename);
+    bool remote = qk_block_is_remote(filename);
     if (drv && drv->is_protocol) {
         return protocol_open(filename, opts->flags, err);
     }
@@ -317,8 +348,9 @@ static QkBlock *coroutine_fn open_depth(const char *filename, const QkOpenOption
         return NULL;
     }
     if (!drv) {
-        /* An export's bytes are a guest's disk: never let them pick a format. */
-        drv = nbd ? &qk_drv_raw : probe(file);
+        /* An export's or RBD image's bytes are a guest's disk: never let
+         * them pick a format. */
+        drv = remote ? &qk_drv_raw : probe(file);
     }
     QkBlock *bs = node_new(drv, filename, opts->flags);
     if (!bs) {

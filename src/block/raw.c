@@ -82,7 +82,7 @@ static int coroutine_fn raw_create(const char *filename, const QkCreateOptions *
         }
         o.size += 512 - o.size % 512;
     }
-    return qk_drv_file.co_create(filename, &o, err);
+    return qk_co_protocol_create(filename, &o, err);
 }
 
 const QkBlockDriver qk_drv_raw = {

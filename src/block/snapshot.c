@@ -8,9 +8,20 @@
 #include <errno.h>
 #include <stdlib.h>
 
+/* The node whose driver keeps the snapshots: bs itself, or for a format
+ * that keeps none (raw) its protocol child when that does (an RBD image),
+ * as QEMU falls back to the file. */
+static QkBlock *snap_node(QkBlock *bs)
+{
+    if (!bs->drv->co_snapshot_create && bs->file && bs->file->drv->co_snapshot_create) {
+        return bs->file;
+    }
+    return bs;
+}
+
 bool qk_block_has_snapshots(const QkBlock *bs)
 {
-    return bs->drv->co_snapshot_create != NULL;
+    return snap_node((QkBlock *)bs)->drv->co_snapshot_create != NULL;
 }
 
 /* -ENOTSUP for a driver that lacks the operation. */
@@ -24,6 +35,7 @@ int coroutine_fn qk_co_snapshot_list(QkBlock *bs, QkSnapshotInfo **list, int *n,
 {
     *list = NULL;
     *n = 0;
+    bs = snap_node(bs);
     if (!bs->drv->co_snapshot_list) {
         return unsupported(bs, err);
     }
@@ -41,6 +53,7 @@ void qk_snapshot_list_free(QkSnapshotInfo *list, int n)
 
 int coroutine_fn qk_co_snapshot_create(QkBlock *bs, const QkSnapshotInfo *info, QkError *err)
 {
+    bs = snap_node(bs);
     if (!bs->drv->co_snapshot_create) {
         return unsupported(bs, err);
     }
@@ -54,10 +67,16 @@ int coroutine_fn qk_co_snapshot_goto(QkBlock *bs, const char *id_or_name, uint64
                                      QkError *err)
 {
     uint64_t dummy;
-    if (!bs->drv->co_snapshot_goto) {
+    QkBlock *sn = snap_node(bs);
+    if (!sn->drv->co_snapshot_goto) {
         return unsupported(bs, err);
     }
-    int r = bs->drv->co_snapshot_goto(bs, id_or_name, vm_state_size ? vm_state_size : &dummy, err);
+    int r = sn->drv->co_snapshot_goto(sn, id_or_name, vm_state_size ? vm_state_size : &dummy, err);
+    if (r == 0 && sn != bs) {
+        /* The file may have another size now; the format node shows it. */
+        int64_t len = qk_block_length(sn);
+        bs->size = len >= 0 ? (uint64_t)len : bs->size;
+    }
     if (r == 0) {
         /* The whole disk may read differently now. */
         qk_dirty_bitmaps_mark_all(bs, 0, bs->size);
@@ -67,6 +86,7 @@ int coroutine_fn qk_co_snapshot_goto(QkBlock *bs, const char *id_or_name, uint64
 
 int coroutine_fn qk_co_snapshot_delete(QkBlock *bs, const char *id, const char *name, QkError *err)
 {
+    bs = snap_node(bs);
     if (!bs->drv->co_snapshot_delete) {
         return unsupported(bs, err);
     }
@@ -86,8 +106,13 @@ int coroutine_fn qk_co_snapshot_load_tmp(QkBlock *bs, const char *id, const char
 
 int coroutine_fn qk_co_vmstate_discard(QkBlock *bs, QkError *err)
 {
-    if (!bs->drv->co_vmstate_discard) {
-        return unsupported(bs, err);
+    QkBlock *sn = snap_node(bs);
+    if (!sn->drv->co_vmstate_discard) {
+        /* Snapshots without VM state (RBD's) leave none to drop. */
+        return sn->drv->co_snapshot_create ? 0 : unsupported(bs, err);
+    }
+    if (sn != bs) {
+        return sn->drv->co_vmstate_discard(sn, err);
     }
     return bs->drv->co_vmstate_discard(bs, err);
 }

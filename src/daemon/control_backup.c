@@ -69,7 +69,7 @@ static json_t *coroutine_fn cmd_backup_start(QkDaemon *d, json_t *args, QkError 
         return NULL;
     }
     struct stat sb;
-    if (qk_block_is_nbd_uri(target) || stat(target, &sb) == 0) {
+    if (qk_block_is_remote(target) || stat(target, &sb) == 0) {
         if (backing) {
             qk_error_set(err, -EEXIST, "Target '%s' exists: 'backing' is only for a target the job creates", target);
             return NULL;
@@ -125,7 +125,7 @@ static json_t *coroutine_fn cmd_backup_export_start(QkDaemon *d, json_t *args, Q
     char *temp = NULL;
     struct stat sb;
     if (file) {
-        if (qk_block_is_nbd_uri(file) || stat(file, &sb) == 0) {
+        if (qk_block_is_remote(file) || stat(file, &sb) == 0) {
             qk_error_set(err, -EEXIST, "'%s' exists: the point in time needs a new local file", file);
             return NULL;
         }

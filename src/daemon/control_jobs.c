@@ -88,7 +88,7 @@ static QkJob *find_job(json_t *args, QkError *err)
 static int check_target_not_source(QkBlock *src, const char *target, QkError *err)
 {
     struct stat t, n;
-    if (!target || qk_block_is_nbd_uri(target) || stat(target, &t) != 0) {
+    if (!target || qk_block_is_remote(target) || stat(target, &t) != 0) {
         return 0;
     }
     for (QkBlock *b = src; b; b = b->backing) {
@@ -250,7 +250,7 @@ static json_t *coroutine_fn cmd_mirror_start(QkDaemon *d, json_t *args, QkError 
     }
     /* A local target that does not exist yet is created like the source. */
     struct stat sb;
-    if (!qk_block_is_nbd_uri(target) && stat(target, &sb) != 0) {
+    if (!qk_block_is_remote(target) && stat(target, &sb) != 0) {
         QkCreateOptions co = {.format = format ? format : "qcow2",
                               .size = (uint64_t)qk_block_length(e->bs), .size_set = true};
         if (qk_co_block_create(target, &co, err) < 0) {

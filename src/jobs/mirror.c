@@ -727,7 +727,7 @@ QkBlock *coroutine_fn qk_mirror_open_target(const char *target, const QkOpenOpti
                                             const char **used, QkError *err)
 {
     QkOpenOptions o = *opts;
-    if (qk_block_is_nbd_uri(target)) {
+    if (qk_block_is_remote(target)) {
         *used = "n/a";
         return qk_co_block_open(target, &o, err);
     }
