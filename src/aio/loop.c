@@ -453,11 +453,18 @@ static bool try_submit_wait(QkLoop *loop)
     return true;
 }
 
-bool qk_loop_run_once(QkLoop *loop, bool blocking)
+/* One iteration. done, when not NULL, is the caller's condition (see
+ * qk_loop_run_until). */
+static bool run_once(QkLoop *loop, bool blocking, const bool *done)
 {
     bool any = run_ready(loop);
     any |= run_timers(loop);
-    if (blocking && try_submit_wait(loop)) {
+    /* Submit and wait in one call, but never once what ran may have
+     * finished what the caller waits for while a request stays in flight
+     * for long (a driver's completion reader): then the usual path below
+     * submits without waiting. A caller that says what it waits for keeps
+     * the single call whenever that is still to come. */
+    if (blocking && (done ? !*done : !any) && try_submit_wait(loop)) {
         return true;
     }
     unsigned in_flight = loop->ops.submit(loop->backend);
@@ -503,10 +510,15 @@ bool qk_loop_run_once(QkLoop *loop, bool blocking)
     return true;
 }
 
+bool qk_loop_run_once(QkLoop *loop, bool blocking)
+{
+    return run_once(loop, blocking, NULL);
+}
+
 void qk_loop_run_until(QkLoop *loop, const bool *done)
 {
     while (!*done) {
-        qk_loop_run_once(loop, true);
+        run_once(loop, true, done);
     }
 }
 
