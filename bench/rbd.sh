@@ -32,7 +32,7 @@ ceph_start "$work/ceph" >&2 || exit 1
 P=$CEPH_POOL
 
 median() { sort -n | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
-ms() { date +%s%N | awk '{printf "%d", $1 / 1000000}'; }
+ms() { echo $(( $(date +%s%N) / 1000000 )); }
 
 # The source: data in every other 64 MiB, a quarter of it zeros.
 qemu-img create -q -f qcow2 "$work/src.qcow2" "$size"
@@ -48,7 +48,7 @@ import json, sys
 print(sum(e["length"] for e in json.load(sys.stdin) if e["data"]))')
 
 import_run() { # SYSTEM: the seconds (ms) one import into a fresh image took
-  rbd rm -q "$P/t" >/dev/null 2>&1 || true
+  rbd rm --no-progress "$P/t" >/dev/null 2>&1 || true
   local t0 t1
   t0=$(ms)
   case "$1" in
@@ -72,11 +72,11 @@ for ((r = 0; r < runs; r++)); do
     echo "import $s run $((r + 1)): $(tail -n 1 "$work/imp.$s") ms" >&2
   done
 done
-rbd rm -q "$P/t" >/dev/null 2>&1 || true
+rbd rm --no-progress "$P/t" >/dev/null 2>&1 || true
 
 # 4k random writes at depth 32 on a written image.
-rbd create -q --size 1G "$P/w"
-rbd bench -q --io-type write --io-size 4M --io-threads 4 --io-total 1G --io-pattern seq "$P/w" >/dev/null 2>&1
+rbd create --size 1G "$P/w"
+rbd bench --io-type write --io-size 4M --io-threads 4 --io-total 1G --io-pattern seq "$P/w" >/dev/null 2>&1
 : > "$work/bench.qcowkit"; : > "$work/bench.rbd"
 bench_run() { # SYSTEM: IOPS
   local t0 t1

@@ -4,8 +4,9 @@
  *   rbd:POOL[/NAMESPACE]/IMAGE[@SNAP][:conf=PATH][:id=USER][:KEY=VALUE...]
  * (a backslash escapes ':', '@', '/' and itself; other keys are Ceph
  * options). Requests use librbd's asynchronous calls: a completion runs on
- * a librbd thread and signals the waiting coroutine through a thread
- * event. What librbd offers only in blocking form (connecting, opening,
+ * a librbd thread, which queues the request and signals the node's
+ * eventfd once per batch; the node's reaper coroutine then wakes the
+ * requests' coroutines. What librbd offers only in blocking form (connecting, opening,
  * closing, resizing, diff iteration, creating, snapshots) runs on the
  * work pool, so the event loop never waits on the cluster.
  *
@@ -16,7 +17,8 @@
  */
 #include "block/block.h"
 #include "block/rbd_int.h"
-#include "aio/thread_event.h"
+#include "aio/co_sync.h"
+#include "aio/aio.h"
 #include "aio/work_pool.h"
 #include "common/checked.h"
 
@@ -24,6 +26,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 /* librados' own waits are unbounded or minutes long; these end a dead
  * cluster's requests in seconds. */
@@ -32,6 +36,10 @@ static const char *const default_timeouts[][2] = {
     {"rados_mon_op_timeout", "15"},
     {"rados_osd_op_timeout", "30"},
 };
+
+/* A read at this offset uses the descriptor's own position (an eventfd
+ * has none), see aio.c. */
+#define EVENTFD_NO_OFFSET UINT64_MAX
 
 /* A block status query looks this far ahead at most (one diff walk). */
 #define STATUS_WINDOW (1ULL << 30)
@@ -180,6 +188,7 @@ typedef struct Connect {
     const RbdSpec *spec;
     bool open_image;
     bool read_only;
+    int flags;            /* QK_OPEN_*: the cache mode */
     rados_t cluster;
     rados_ioctx_t io;
     rbd_image_t image;
@@ -224,6 +233,19 @@ static void connect_work(void *opaque)
         if (!spec_has_key(s, default_timeouts[i][0])) {
             RBD(rados_conf_set)(c->cluster, default_timeouts[i][0], default_timeouts[i][1]);
         }
+    }
+    /* The cache mode, as QEMU maps it onto librbd's cache: none and
+     * directsync go straight to the OSDs; writeback caches from the first
+     * write (librbd would wait for a first flush, the sign of a guest that
+     * flushes), and data is durable at the next flush as with a file. The
+     * name's own options win. */
+    const char *cache = (c->flags & QK_OPEN_NOCACHE) ? "false" : "true";
+    const char *until_flush = (c->flags & (QK_OPEN_NOCACHE | QK_OPEN_WRITETHROUGH)) ? "true" : "false";
+    if (!spec_has_key(s, "rbd_cache")) {
+        RBD(rados_conf_set)(c->cluster, "rbd_cache", cache);
+    }
+    if (!spec_has_key(s, "rbd_cache_writethrough_until_flush")) {
+        RBD(rados_conf_set)(c->cluster, "rbd_cache_writethrough_until_flush", until_flush);
     }
     for (int i = 0; i < s->nkv; i++) {
         r = RBD(rados_conf_set)(c->cluster, s->keys[i], s->vals[i]);
@@ -291,16 +313,18 @@ static void disconnect_work(void *opaque)
     }
 }
 
-static int coroutine_fn connect_spec(const RbdSpec *spec, bool open_image, bool read_only, Connect *c,
+static int coroutine_fn connect_spec(const RbdSpec *spec, bool open_image, int flags, Connect *c,
                                      QkError *err)
 {
-    *c = (Connect){.spec = spec, .open_image = open_image, .read_only = read_only};
+    *c = (Connect){.spec = spec, .open_image = open_image, .read_only = !(flags & QK_OPEN_RDWR), .flags = flags};
     qk_co_run_in_thread(connect_work, c);
     if (c->r < 0 && err) {
         *err = c->err;
     }
     return c->r;
 }
+
+static void coroutine_fn reaper_entry(void *opaque);
 
 static int coroutine_fn rbd_co_open(QkBlock *bs, const QkOpenOptions *opts, QkError *err)
 {
@@ -315,7 +339,7 @@ static int coroutine_fn rbd_co_open(QkBlock *bs, const QkOpenOptions *opts, QkEr
         return qk_error_set(err, -EROFS, "'%s' is a snapshot: it can only be opened read-only", bs->filename);
     }
     Connect c;
-    r = connect_spec(&s->spec, true, read_only, &c, err);
+    r = connect_spec(&s->spec, true, opts->flags, &c, err);
     if (r < 0) {
         spec_free(&s->spec);
         return r;
@@ -335,6 +359,18 @@ static int coroutine_fn rbd_co_open(QkBlock *bs, const QkOpenOptions *opts, QkEr
         spec_free(&s->spec);
         return qk_error_set(err, r, "error getting the size of %s: %s", bs->filename, strerror(-r));
     }
+    s->efd = eventfd(0, EFD_CLOEXEC);
+    if (s->efd < 0) {
+        r = -errno;
+        Disconnect d = {.cluster = s->cluster, .io = s->io, .image = s->image};
+        qk_co_run_in_thread(disconnect_work, &d);
+        spec_free(&s->spec);
+        return qk_error_set_errno(err, r, "Could not open '%s'", bs->filename);
+    }
+    pthread_mutex_init(&s->lock, NULL);
+    qk_co_queue_init(&s->reaper_gone);
+    s->reaper_running = true;
+    qk_coroutine_wake(qk_coroutine_create(reaper_entry, s));
     bs->size = s->size;
     bs->read_only = read_only;
     bs->request_alignment = 1;
@@ -345,9 +381,21 @@ static int coroutine_fn rbd_co_close(QkBlock *bs)
 {
     RbdState *s = bs->opaque;
     Disconnect d = {.cluster = s->cluster, .io = s->io, .image = s->image};
-    if (d.cluster) {
-        qk_co_run_in_thread(disconnect_work, &d);
+    if (!d.cluster) {
+        return 0;
     }
+    /* Nothing is in flight (the block layer drained the node): stop the
+     * reaper, then let go of the cluster. */
+    s->closing = true;
+    uint64_t one = 1;
+    while (write(s->efd, &one, sizeof(one)) < 0 && errno == EINTR) {
+    }
+    while (s->reaper_running) {
+        qk_co_queue_wait(&s->reaper_gone);
+    }
+    qk_co_run_in_thread(disconnect_work, &d);
+    close(s->efd);
+    pthread_mutex_destroy(&s->lock);
     spec_free(&s->spec);
     s->cluster = NULL;
     return d.r;
@@ -356,17 +404,67 @@ static int coroutine_fn rbd_co_close(QkBlock *bs)
 /* ---- Asynchronous requests ---- */
 
 typedef struct RbdReq {
-    QkThreadEvent done;
+    QkCoroutine *co;
     ssize_t ret;
+    bool finished;
+    struct RbdReq *next;
 } RbdReq;
 
-/* On a librbd thread. */
+typedef struct Completion {
+    RbdState *s;
+    RbdReq *req;
+} Completion;
+
+/* On a librbd thread: queue the request for the reaper; one eventfd
+ * write per batch, not per request. */
 static void req_done(rbd_completion_t c, void *arg)
 {
-    RbdReq *req = arg;
+    RbdState *s = ((Completion *)arg)->s;
+    RbdReq *req = ((Completion *)arg)->req;
     req->ret = RBD(rbd_aio_get_return_value)(c);
     RBD(rbd_aio_release)(c);
-    qk_thread_event_signal(&req->done);
+    free(arg);
+    pthread_mutex_lock(&s->lock);
+    req->next = s->done;
+    s->done = req;
+    bool wake = !s->signalled;
+    s->signalled = true;
+    pthread_mutex_unlock(&s->lock);
+    if (wake) {
+        uint64_t one = 1;
+        while (write(s->efd, &one, sizeof(one)) < 0 && errno == EINTR) {
+        }
+    }
+}
+
+/* The node's reaper: runs from open to close, waking the coroutines of
+ * finished requests. Its wait is a read of the eventfd through the
+ * loop's backend (on io_uring, no system call of its own). */
+static void coroutine_fn reaper_entry(void *opaque)
+{
+    RbdState *s = opaque;
+    while (!s->closing) {
+        uint64_t v;
+        struct iovec iov = {.iov_base = &v, .iov_len = sizeof(v)};
+        ssize_t n = qk_co_host_preadv(s->efd, &iov, 1, EVENTFD_NO_OFFSET);
+        if (n < 0 && n != -EINTR && n != -EAGAIN) {
+            break; /* cannot happen on a valid eventfd */
+        }
+        /* A completion queued after this drain writes again (signalled
+         * is false by then), so none waits unseen. */
+        pthread_mutex_lock(&s->lock);
+        RbdReq *list = s->done;
+        s->done = NULL;
+        s->signalled = false;
+        pthread_mutex_unlock(&s->lock);
+        for (RbdReq *r = list, *next; r; r = next) {
+            next = r->next;
+            r->finished = true;
+            qk_coroutine_wake(r->co);
+        }
+    }
+    s->reaper_running = false;
+    qk_co_queue_wake_all(&s->reaper_gone);
 }
 
 typedef enum { OP_READ, OP_WRITE, OP_ZERO, OP_DISCARD, OP_FLUSH } RbdOp;
@@ -374,28 +472,39 @@ typedef enum { OP_READ, OP_WRITE, OP_ZERO, OP_DISCARD, OP_FLUSH } RbdOp;
 static ssize_t coroutine_fn rbd_request(RbdState *s, RbdOp op, uint64_t off, uint64_t bytes, QkIov *qiov,
                                         size_t qiov_off)
 {
-    RbdReq req;
-    int r = qk_thread_event_init(&req.done);
-    if (r < 0) {
-        return r;
+    RbdReq req = {.co = qk_coroutine_self()};
+    Completion *cp = malloc(sizeof(*cp));
+    if (!cp) {
+        return -ENOMEM;
     }
+    *cp = (Completion){.s = s, .req = &req};
     rbd_completion_t c;
-    r = RBD(rbd_aio_create_completion)(&req, req_done, &c);
+    int r = RBD(rbd_aio_create_completion)(cp, req_done, &c);
     if (r < 0) {
-        qk_thread_event_destroy(&req.done);
+        free(cp);
         return r;
     }
+    /* The caller's vector as it is when it covers the request exactly
+     * (the common case), else a view of the part. */
     QkIov view;
-    qk_iov_init(&view, qiov ? qiov->niov : 0);
-    if (qiov) {
+    const struct iovec *iov = NULL;
+    int niov = 0;
+    bool own_view = qiov && (qiov_off != 0 || qiov->size != bytes);
+    if (own_view) {
+        qk_iov_init(&view, qiov->niov);
         qk_iov_concat(&view, qiov, qiov_off, bytes);
+        iov = view.iov;
+        niov = view.niov;
+    } else if (qiov) {
+        iov = qiov->iov;
+        niov = qiov->niov;
     }
     switch (op) {
     case OP_READ:
-        r = RBD(rbd_aio_readv)(s->image, view.iov, view.niov, off, c);
+        r = RBD(rbd_aio_readv)(s->image, iov, niov, off, c);
         break;
     case OP_WRITE:
-        r = RBD(rbd_aio_writev)(s->image, view.iov, view.niov, off, c);
+        r = RBD(rbd_aio_writev)(s->image, iov, niov, off, c);
         break;
     case OP_ZERO:
         r = RBD(rbd_aio_write_zeroes)(s->image, off, bytes, c, 0, 0);
@@ -410,13 +519,17 @@ static ssize_t coroutine_fn rbd_request(RbdState *s, RbdOp op, uint64_t off, uin
     if (r < 0) {
         /* Not submitted: the callback will not run. */
         RBD(rbd_aio_release)(c);
-        qk_thread_event_destroy(&req.done);
-        qk_iov_destroy(&view);
-        return r;
+        free(cp);
+    } else {
+        while (!req.finished) {
+            qk_coroutine_yield();
+        }
+        r = 0;
     }
-    qk_co_thread_event_wait(&req.done);
-    qk_iov_destroy(&view);
-    return req.ret;
+    if (own_view) {
+        qk_iov_destroy(&view);
+    }
+    return r < 0 ? r : req.ret;
 }
 
 static int coroutine_fn rbd_co_preadv(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov,
@@ -611,7 +724,7 @@ static int coroutine_fn rbd_co_create(const char *filename, const QkCreateOption
         return qk_error_set(err, -EINVAL, "Can't use snapshot name for rbd image creation");
     }
     Connect c;
-    r = connect_spec(&spec, false, false, &c, err);
+    r = connect_spec(&spec, false, QK_OPEN_RDWR, &c, err);
     if (r == 0) {
         Create cr = {.io = c.io, .name = spec.image, .size = opts->size};
         qk_co_run_in_thread(create_work, &cr);

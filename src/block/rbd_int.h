@@ -8,6 +8,8 @@
 #include "block/block.h"
 #include "block/rbd_lib.h"
 
+#include <pthread.h>
+
 /* librbd's calls, through the pointers rbd_lib.c resolved. */
 #define RBD(f) (qk_rbd_fn.f)
 
@@ -25,6 +27,16 @@ typedef struct RbdState {
     rbd_image_t image;
     uint64_t size;
     bool fast_diff;   /* the object map can answer block status */
+    /* Completions: librbd's threads push finished requests here and
+     * signal efd once per batch; the reaper coroutine wakes their
+     * coroutines on the loop. */
+    pthread_mutex_t lock;
+    struct RbdReq *done;  /* finished, not yet reaped (under lock) */
+    bool signalled;       /* efd written since the reaper last drained (under lock) */
+    int efd;
+    bool closing;
+    bool reaper_running;
+    QkCoQueue reaper_gone;
 } RbdState;
 
 int coroutine_fn qk_rbd_co_snapshot_list(QkBlock *bs, QkSnapshotInfo **list, int *n, QkError *err);
