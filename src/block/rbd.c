@@ -188,7 +188,6 @@ typedef struct Connect {
     const RbdSpec *spec;
     bool open_image;
     bool read_only;
-    int flags;            /* QK_OPEN_*: the cache mode */
     rados_t cluster;
     rados_ioctx_t io;
     rbd_image_t image;
@@ -234,18 +233,14 @@ static void connect_work(void *opaque)
             RBD(rados_conf_set)(c->cluster, default_timeouts[i][0], default_timeouts[i][1]);
         }
     }
-    /* The cache mode, as QEMU maps it onto librbd's cache: none and
-     * directsync go straight to the OSDs; writeback caches from the first
-     * write (librbd would wait for a first flush, the sign of a guest that
-     * flushes), and data is durable at the next flush as with a file. The
-     * name's own options win. */
-    const char *cache = (c->flags & QK_OPEN_NOCACHE) ? "false" : "true";
-    const char *until_flush = (c->flags & (QK_OPEN_NOCACHE | QK_OPEN_WRITETHROUGH)) ? "true" : "false";
+    /* No librbd cache, whatever the cache mode: once a dead OSD times
+     * its writeback out, librbd's cache retries it for good, so requests
+     * hang instead of failing (measured: a writer still blocked 116 s
+     * after its OSD was killed, with rados_osd_op_timeout at 5 s). Every
+     * request then goes to the OSDs, as QEMU's cache=none does. A name
+     * can still ask for it (:rbd_cache=true). */
     if (!spec_has_key(s, "rbd_cache")) {
-        RBD(rados_conf_set)(c->cluster, "rbd_cache", cache);
-    }
-    if (!spec_has_key(s, "rbd_cache_writethrough_until_flush")) {
-        RBD(rados_conf_set)(c->cluster, "rbd_cache_writethrough_until_flush", until_flush);
+        RBD(rados_conf_set)(c->cluster, "rbd_cache", "false");
     }
     for (int i = 0; i < s->nkv; i++) {
         r = RBD(rados_conf_set)(c->cluster, s->keys[i], s->vals[i]);
@@ -316,7 +311,7 @@ static void disconnect_work(void *opaque)
 static int coroutine_fn connect_spec(const RbdSpec *spec, bool open_image, int flags, Connect *c,
                                      QkError *err)
 {
-    *c = (Connect){.spec = spec, .open_image = open_image, .read_only = !(flags & QK_OPEN_RDWR), .flags = flags};
+    *c = (Connect){.spec = spec, .open_image = open_image, .read_only = !(flags & QK_OPEN_RDWR)};
     qk_co_run_in_thread(connect_work, c);
     if (c->r < 0 && err) {
         *err = c->err;
