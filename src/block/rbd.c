@@ -6,9 +6,10 @@
  * options). Requests use librbd's asynchronous calls: a completion runs on
  * a librbd thread, which queues the request and signals the node's
  * eventfd once per batch; the node's reaper coroutine then wakes the
- * requests' coroutines. What librbd offers only in blocking form (connecting, opening,
- * closing, resizing, diff iteration, creating, snapshots) runs on the
- * work pool, so the event loop never waits on the cluster.
+ * requests' coroutines. What librbd offers only in blocking form
+ * (connecting, opening, closing, resizing, diff iteration, creating,
+ * snapshots) runs on the work pool, so the event loop never waits on the
+ * cluster.
  *
  * Owns: name parsing, the cluster connection of each node, request
  * submission and completion. A dead cluster ends in an error, not a
@@ -43,7 +44,6 @@ static const char *const default_timeouts[][2] = {
 
 /* A block status query looks this far ahead at most (one diff walk). */
 #define STATUS_WINDOW (1ULL << 30)
-
 
 static void spec_free(RbdSpec *s)
 {

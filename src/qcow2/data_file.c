@@ -41,7 +41,7 @@ int coroutine_fn qcow2_data_file_open(Qcow2State *s, const QkOpenOptions *opts, 
      * description, which would let a crafted image reach anything the
      * user can (QEMU's CVE-2024-4467). */
     if ((name->len >= 5 && memcmp(name->data, "json:", 5) == 0) || memmem(name->data, name->len, "://", 3) ||
-        (name->len >= 4 && memcmp(name->data, "nbd:", 4) == 0)) {
+        (name->len >= 4 && (memcmp(name->data, "nbd:", 4) == 0 || memcmp(name->data, "rbd:", 4) == 0))) {
         return qk_error_set(err, -EINVAL, "the external data file '%.*s' is not a plain local file name",
                             (int)name->len, (const char *)name->data);
     }

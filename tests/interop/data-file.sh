@@ -216,7 +216,7 @@ PY
 out=$("$QK" io -c 'read 64k 4k' q.qcow2 2>&1) && bad "read a cluster mapped away from its guest offset"
 # A data file name that is not a plain local path (a protocol or json:
 # name in the header extension) is refused, whatever it names.
-for evil in 'nbd:x' 'json:' 'a://b'; do
+for evil in 'nbd:x' 'rbd:x' 'json:' 'a://b'; do
   rm -f e.qcow2 e.raw
   qemu-img create -q -f qcow2 -o data_file=e.raw e.qcow2 1M
   python3 - e.qcow2 "$evil" <<'PY'
