@@ -225,7 +225,7 @@ int coroutine_fn qk_co_protocol_create(const char *filename, const QkCreateOptio
     return drv->co_create(filename, opts, err);
 }
 
-static QkBlock *coroutine_fn protocol_open(const char *filename, int flags, QkError *err)
+QkBlock *coroutine_fn qk_co_protocol_open(const char *filename, int flags, QkError *err)
 {
     const QkBlockDriver *drv = protocol_driver(filename);
     if (drv == &qk_drv_file) {
@@ -341,9 +341,9 @@ static QkBlock *coroutine_fn open_depth(const char *filename, const QkOpenOption
     }
     bool remote = qk_block_is_remote(filename);
     if (drv && drv->is_protocol) {
-        return protocol_open(filename, opts->flags, err);
+        return qk_co_protocol_open(filename, opts->flags, err);
     }
-    QkBlock *file = protocol_open(filename, opts->flags, err);
+    QkBlock *file = qk_co_protocol_open(filename, opts->flags, err);
     if (!file) {
         return NULL;
     }

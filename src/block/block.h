@@ -158,6 +158,9 @@ extern const QkBlockDriver qk_drv_rbd;
 /* Creates the host resource a name stands for (a file, an RBD image)
  * through its protocol driver: what format drivers create under them. */
 int coroutine_fn qk_co_protocol_create(const char *filename, const QkCreateOptions *opts, QkError *err);
+/* Opens the protocol node a name stands for (a file, an NBD export, an
+ * RBD image), with no format node above it. */
+QkBlock *coroutine_fn qk_co_protocol_open(const char *filename, int flags, QkError *err);
 
 /* Opens a protocol node (host file) directly. */
 QkBlock *coroutine_fn qk_co_file_open(const char *filename, int flags, QkError *err);

@@ -363,6 +363,7 @@ static int coroutine_fn rbd_co_open(QkBlock *bs, const QkOpenOptions *opts, QkEr
         return qk_error_set_errno(err, r, "Could not open '%s'", bs->filename);
     }
     pthread_mutex_init(&s->lock, NULL);
+    qk_co_mutex_init(&s->grow_lock);
     qk_co_queue_init(&s->reaper_gone);
     s->reaper_running = true;
     qk_coroutine_wake(qk_coroutine_create(reaper_entry, s));
@@ -527,11 +528,17 @@ static ssize_t coroutine_fn rbd_request(RbdState *s, RbdOp op, uint64_t off, uin
     return r < 0 ? r : req.ret;
 }
 
+/* A protocol node grows on write and reads zeros past its end, as a file
+ * does (a qcow2 image on top allocates past the end). */
+static int coroutine_fn grow_to(QkBlock *bs, uint64_t end);
+
 static int coroutine_fn rbd_co_preadv(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov,
                                       size_t qiov_off, int flags)
 {
+    RbdState *s = bs->opaque;
     (void)flags;
-    ssize_t n = rbd_request(bs->opaque, OP_READ, off, bytes, qiov, qiov_off);
+    uint64_t in = off >= s->size ? 0 : QK_MIN(bytes, s->size - off);
+    ssize_t n = in ? rbd_request(s, OP_READ, off, in, qiov, qiov_off) : 0;
     if (n < 0) {
         return (int)n;
     }
@@ -544,6 +551,10 @@ static int coroutine_fn rbd_co_preadv(QkBlock *bs, uint64_t off, uint64_t bytes,
 static int coroutine_fn rbd_co_pwritev(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov,
                                        size_t qiov_off, int flags)
 {
+    int r = grow_to(bs, off + bytes);
+    if (r < 0) {
+        return r;
+    }
     ssize_t n = rbd_request(bs->opaque, OP_WRITE, off, bytes, qiov, qiov_off);
     if (n >= 0 && (flags & QK_REQ_FUA)) {
         n = rbd_request(bs->opaque, OP_FLUSH, 0, 0, NULL, 0);
@@ -553,6 +564,10 @@ static int coroutine_fn rbd_co_pwritev(QkBlock *bs, uint64_t off, uint64_t bytes
 
 static int coroutine_fn rbd_co_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t bytes, int flags)
 {
+    int r = grow_to(bs, off + bytes);
+    if (r < 0) {
+        return r;
+    }
     ssize_t n = rbd_request(bs->opaque, OP_ZERO, off, bytes, NULL, 0);
     if (n >= 0 && (flags & QK_REQ_FUA)) {
         n = rbd_request(bs->opaque, OP_FLUSH, 0, 0, NULL, 0);
@@ -562,7 +577,11 @@ static int coroutine_fn rbd_co_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t
 
 static int coroutine_fn rbd_co_pdiscard(QkBlock *bs, uint64_t off, uint64_t bytes)
 {
-    ssize_t n = rbd_request(bs->opaque, OP_DISCARD, off, bytes, NULL, 0);
+    RbdState *s = bs->opaque;
+    if (off >= s->size) {
+        return 0;
+    }
+    ssize_t n = rbd_request(s, OP_DISCARD, off, QK_MIN(bytes, s->size - off), NULL, 0);
     return n < 0 ? (int)n : 0;
 }
 
@@ -664,6 +683,25 @@ static void resize_work(void *opaque)
 {
     Resize *z = opaque;
     z->r = RBD(rbd_resize)(z->image, z->size);
+}
+
+static int coroutine_fn grow_to(QkBlock *bs, uint64_t end)
+{
+    RbdState *s = bs->opaque;
+    if (end <= s->size) {
+        return 0;
+    }
+    qk_co_mutex_lock(&s->grow_lock);
+    Resize z = {.image = s->image, .size = end};
+    if (end > s->size) {
+        qk_co_run_in_thread(resize_work, &z);
+        if (z.r == 0) {
+            s->size = end;
+            bs->size = end;
+        }
+    }
+    qk_co_mutex_unlock(&s->grow_lock);
+    return z.r;
 }
 
 static int coroutine_fn rbd_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc prealloc, QkError *err)

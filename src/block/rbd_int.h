@@ -37,6 +37,7 @@ typedef struct RbdState {
     bool closing;
     bool reaper_running;
     QkCoQueue reaper_gone;
+    QkCoMutex grow_lock;  /* one resize at a time for writes past the end */
 } RbdState;
 
 int coroutine_fn qk_rbd_co_snapshot_list(QkBlock *bs, QkSnapshotInfo **list, int *n, QkError *err);

@@ -221,12 +221,12 @@ int coroutine_fn qcow2_co_create(const char *filename, const QkCreateOptions *o,
             return r;
         }
     }
-    r = qk_drv_file.co_create(filename, &fo, err);
+    r = qk_co_protocol_create(filename, &fo, err);
     if (r < 0) {
         free(buf);
         return r;
     }
-    QkBlock *file = qk_co_file_open(filename, QK_OPEN_RDWR, err);
+    QkBlock *file = qk_co_protocol_open(filename, QK_OPEN_RDWR, err);
     if (!file) {
         free(buf);
         return err->code ? err->code : -EIO;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # rbd: images against a real, throwaway Ceph cluster (ceph-lib.bash), with
 # qemu-img's rbd driver and the rbd tool as judges: create, info, map,
-# convert both ways, compare, resize, measure, bench, snapshots (create,
+# convert both ways, compare, resize, measure, bench, qcow2 on top of an
+# RBD image, the mirror command, snapshots (create,
 # list, apply, delete, open at a snapshot read-only), an NBD export of an
 # RBD image under a qemu-io writer, a live mirror from a local qcow2
 # export into RBD under a writer (then a switch), errors (bad names, no
@@ -71,6 +72,25 @@ qemu-io -f raw -c 'read -P 0x44 1M 512k' -c 'read -P 0 1536k 64k' -c 'read -P 0x
   -c 'read -P 0 2M 512k' -c 'read -P 0x44 2560k 512k' "rbd:$P/a" > v.out || fail "read back"
 ! grep -q 'verification failed' v.out || { cat v.out; fail "zero/discard/write pattern"; }
 echo "ok: resize, bench, write/zero/discard/flush (ASan)"
+
+# qcow2 on top of RBD: the RBD image grows as the qcow2 image allocates,
+# as a file would; qemu-img checks and reads it (-f qcow2: an RBD image
+# opens as raw unless told).
+"$QK" create -q -f qcow2 "rbd:$P/q" 1G || fail "create qcow2 on rbd"
+"$QK_ASAN" io -f qcow2 -c 'write -P 0x11 0 3M' -c 'write -P 0x22 500M 1M' "rbd:$P/q" > /dev/null || fail "qcow2 on rbd: io"
+qemu-img check -q -f qcow2 "rbd:$P/q" || fail "qcow2 on rbd: qemu-img check"
+qemu-io -f qcow2 -c 'read -P 0x11 0 3M' -c 'read -P 0x22 500M 1M' "rbd:$P/q" > q.out || fail "qcow2 on rbd: read"
+! grep -q 'verification failed' q.out || fail "qcow2 on rbd: pattern"
+"$QK" convert -O qcow2 src.qcow2 "rbd:$P/qc" || fail "convert -O qcow2 into rbd"
+qemu-img compare -q -f qcow2 -F qcow2 src.qcow2 "rbd:$P/qc" || fail "qcow2 in rbd differs"
+qemu-img check -q -f qcow2 "rbd:$P/qc" || fail "qcow2 in rbd: check"
+echo "ok: qcow2 on top of RBD (create, io, convert; qemu-img check and compare)"
+
+# The mirror command into an existing RBD image.
+"$QK" create -q -f raw "rbd:$P/mc" 64M
+"$QK" mirror src.qcow2 "rbd:$P/mc" || fail "mirror into rbd"
+qemu-img compare -q -f qcow2 -F raw src.qcow2 "rbd:$P/mc" || fail "mirror: rbd image differs"
+echo "ok: qcowkit mirror into RBD"
 
 # Snapshots through the snapshot command: RBD's own.
 "$QK" snapshot -c s1 "rbd:$P/b" || fail "snapshot create"
