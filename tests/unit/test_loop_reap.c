@@ -39,6 +39,7 @@ static void hung(int sig)
 }
 
 static int lfd[2];
+static bool long_done;
 
 /* Stays in flight until the end of the test. */
 static void coroutine_fn long_reader(void *opaque)
@@ -46,6 +47,7 @@ static void coroutine_fn long_reader(void *opaque)
     char *buf = opaque;
     struct iovec iov = {buf, 1};
     qk_co_host_preadv(lfd[0], &iov, 1, UINT64_MAX);
+    long_done = true;
 }
 
 static void coroutine_fn finisher(void *opaque)
@@ -89,7 +91,7 @@ int main(void)
     }
     /* 2: a request left in flight for good. */
     QK_CHECK_EQ(pipe(lfd), 0);
-    char lbuf[1];
+    char lbuf[1] = {0};
     qk_coroutine_enter(qk_coroutine_create(long_reader, lbuf));
     for (int round = 0; round < 20; round++) {
         alarm(10);
@@ -97,9 +99,11 @@ int main(void)
         alarm(0);
     }
     QK_CHECK_EQ(write(lfd[1], "z", 1), 1);
-    while (lbuf[0] != 'z') {
+    /* Until the reader has returned, not only until its byte landed. */
+    while (!long_done) {
         qk_loop_run_once(loop, true);
     }
+    QK_CHECK_EQ(lbuf[0], 'z');
     close(lfd[0]);
     close(lfd[1]);
     qk_loop_destroy_current();
