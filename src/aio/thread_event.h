@@ -1,7 +1,7 @@
 /*
- * Completions from foreign threads (the work pool's workers, librbd's
- * callback threads): a one-shot event a thread signals and a coroutine
- * waits for. The wait is an ordinary asynchronous read of an eventfd
+ * Completions from foreign threads (the work pool's workers): a one-shot
+ * event a thread signals and a coroutine waits for. The wait is an
+ * ordinary asynchronous read of an eventfd
  * through the loop's backend, so the loop keeps serving I/O meanwhile.
  * Eventfds are kept for reuse across events and loops.
  */

@@ -333,9 +333,18 @@ static int coroutine_fn rbd_co_open(QkBlock *bs, const QkOpenOptions *opts, QkEr
         spec_free(&s->spec);
         return qk_error_set(err, -EROFS, "'%s' is a snapshot: it can only be opened read-only", bs->filename);
     }
+    /* The completion eventfd first: nothing to undo on the cluster if
+     * there is none to be had. */
+    s->efd = eventfd(0, EFD_CLOEXEC);
+    if (s->efd < 0) {
+        r = -errno;
+        spec_free(&s->spec);
+        return qk_error_set_errno(err, r, "Could not open '%s'", bs->filename);
+    }
     Connect c;
     r = connect_spec(&s->spec, true, opts->flags, &c, err);
     if (r < 0) {
+        close(s->efd);
         spec_free(&s->spec);
         return r;
     }
@@ -344,23 +353,15 @@ static int coroutine_fn rbd_co_open(QkBlock *bs, const QkOpenOptions *opts, QkEr
     s->image = c.image;
     uint64_t features = 0, flags = 0;
     r = RBD(rbd_get_size)(s->image, &s->size);
-    if (r == 0 && RBD(rbd_get_features)(s->image, &features) == 0 &&
-        RBD(rbd_get_flags)(s->image, &flags) == 0) {
-        s->fast_diff = (features & RBD_FEATURE_FAST_DIFF) && !(flags & RBD_FLAG_FAST_DIFF_INVALID);
-    }
     if (r < 0) {
         Disconnect d = {.cluster = s->cluster, .io = s->io, .image = s->image};
         qk_co_run_in_thread(disconnect_work, &d);
+        close(s->efd);
         spec_free(&s->spec);
         return qk_error_set(err, r, "error getting the size of %s: %s", bs->filename, strerror(-r));
     }
-    s->efd = eventfd(0, EFD_CLOEXEC);
-    if (s->efd < 0) {
-        r = -errno;
-        Disconnect d = {.cluster = s->cluster, .io = s->io, .image = s->image};
-        qk_co_run_in_thread(disconnect_work, &d);
-        spec_free(&s->spec);
-        return qk_error_set_errno(err, r, "Could not open '%s'", bs->filename);
+    if (RBD(rbd_get_features)(s->image, &features) == 0 && RBD(rbd_get_flags)(s->image, &flags) == 0) {
+        s->fast_diff = (features & RBD_FEATURE_FAST_DIFF) && !(flags & RBD_FLAG_FAST_DIFF_INVALID);
     }
     pthread_mutex_init(&s->lock, NULL);
     qk_co_mutex_init(&s->grow_lock);
