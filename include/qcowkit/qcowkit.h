@@ -165,6 +165,17 @@ uint64_t qk_image_vmstate_peak_memory(const QkVmStateStream *s);
  * its own epoll/poll/io_uring loop and call qk_queue_do_io() with min 0
  * when it fires.
  *
+ * Inline images (QK_ASYNC_INLINE) have no engine thread: the thread that
+ * opens one runs its engine, inside qk_async_open(), qk_queue_do_io() and
+ * qk_async_close(), on that thread's event loop (the one the synchronous
+ * API uses there too). Requests then start and finish without waking a
+ * second thread, which is faster when cores are few; every call on the
+ * image and its queues must come from the opening thread (do_io and close
+ * return -EPERM elsewhere, changing nothing). The image makes progress
+ * only inside those calls: a program that watches the completion
+ * descriptors calls qk_queue_do_io() with min 0 whenever one fires, and
+ * may see it fire with nothing to collect.
+ *
  * Threading: the image's metadata lives on the engine thread only. Each
  * queue belongs to one thread at a time (calls on one queue must not run
  * concurrently); different queues may be used from different threads at
@@ -186,15 +197,18 @@ typedef struct QkCompletion {
 } QkCompletion;
 
 /* qk_async_open - opens FILENAME (FORMAT "qcow2", "raw" or NULL to probe;
- * FLAGS as for qk_image_open) on a new engine thread, with NQUEUES queues
+ * FLAGS as for qk_image_open, plus QK_ASYNC_INLINE) on a new engine thread,
+ * or on the calling thread with QK_ASYNC_INLINE, with NQUEUES queues
  * (1 to 64). Returns NULL with a message in errbuf on failure. */
+#define QK_ASYNC_INLINE   (1 << 8)
 QkAsyncImage *qk_async_open(const char *filename, const char *format, int flags, int nqueues,
                             char *errbuf, size_t errlen);
 
 /* qk_async_close - waits for every request in flight, flushes (when
  * writable), closes the image, stops the engine and frees the queues
  * (completions not collected are dropped). Returns 0, or the error of the
- * final flush: the last writes may not be on disk. Always frees IMG. */
+ * final flush: the last writes may not be on disk. Frees IMG, except for
+ * an inline image closed from another thread (-EPERM, nothing done). */
 int qk_async_close(QkAsyncImage *img);
 
 /* qk_async_size - the virtual disk size in bytes. */

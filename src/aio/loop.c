@@ -510,6 +510,20 @@ static bool run_once(QkLoop *loop, bool blocking, const bool *done)
     return true;
 }
 
+int qk_loop_poll_fd(QkLoop *loop)
+{
+    return loop->epfd;
+}
+
+int64_t qk_loop_next_timer_ns(QkLoop *loop)
+{
+    if (!loop->timers) {
+        return -1;
+    }
+    int64_t left = loop->timers->deadline - qk_clock_ns();
+    return left > 0 ? left : 0;
+}
+
 bool qk_loop_run_once(QkLoop *loop, bool blocking)
 {
     return run_once(loop, blocking, NULL);

@@ -30,6 +30,13 @@ void qk_aio_set_backend(QkAioBackendKind kind);
  * nothing is ready. Returns true if anything was done. */
 bool qk_loop_run_once(QkLoop *loop, bool blocking);
 
+/* For programs that drive a loop from their own poll loop (the async
+ * API's inline images): a descriptor that is readable whenever the loop
+ * has an event to handle (an I/O completion or a watched fd), and the time
+ * until its earliest timer (-1: none), which no descriptor reports. */
+int qk_loop_poll_fd(QkLoop *loop);
+int64_t qk_loop_next_timer_ns(QkLoop *loop);
+
 /* Callback to run on the next iteration (like a bottom half). */
 typedef void QkCallback(void *opaque);
 void qk_loop_call_soon(QkLoop *loop, QkCallback *cb, void *opaque);

@@ -3,7 +3,9 @@
  * public header only): many requests in flight on one queue, a queue's
  * completion fd driven from a plain epoll loop, several threads each with
  * a queue of their own on one image, zero writes, discard and flush,
- * argument errors; QEMU's tools judge the image afterwards (qemu-img
+ * argument errors; then the same on an inline image (no engine thread),
+ * with a time-limited wait, completions of one queue reaped by another's
+ * do_io, and calls from a foreign thread refused; QEMU's tools judge the image afterwards (qemu-img
  * check clean, qemu-img compare identical to a raw file holding what the
  * test wrote).
  */
@@ -38,6 +40,25 @@ static void pattern(uint8_t *buf, uint64_t block, unsigned gen)
         uint64_t v = block * 0x9e3779b97f4a7c15ULL + i + gen * 131;
         memcpy(buf + i, &v, 8);
     }
+}
+
+/* An inline image's io_uring hands completions back to the opening
+ * thread through task work, which interrupts its waits (EINTR) as a
+ * signal would: a program's wait loop retries, as these do. */
+static int poll_retry(struct pollfd *p, int ms)
+{
+    int r;
+    while ((r = poll(p, 1, ms)) < 0 && errno == EINTR) {
+    }
+    return r;
+}
+
+static int epoll_retry(int ep, struct epoll_event *out, int ms)
+{
+    int r;
+    while ((r = epoll_wait(ep, out, 1, ms)) < 0 && errno == EINTR) {
+    }
+    return r;
 }
 
 /* Waits for exactly n completions on q, checking each returned 0. */
@@ -128,7 +149,7 @@ static void test_epoll(QkAsyncImage *img)
     int wakeups = 0;
     while (got < N && got >= 0) {
         struct epoll_event out;
-        int n = epoll_wait(ep, &out, 1, 10000);
+        int n = epoll_retry(ep, &out, 10000);
         QK_CHECK_EQ(n, 1);
         if (n != 1) {
             break;
@@ -145,7 +166,7 @@ static void test_epoll(QkAsyncImage *img)
     }
     /* Nothing left: the descriptor must not stay readable forever. */
     struct epoll_event out;
-    QK_CHECK_EQ(epoll_wait(ep, &out, 1, 0), 0);
+    QK_CHECK_EQ(epoll_retry(ep, &out, 0), 0);
     close(ep);
     free(bufs);
 }
@@ -163,14 +184,14 @@ static void test_partial_collect(QkAsyncImage *img)
     }
     QK_CHECK_EQ(qk_queue_do_io(q, NULL, 0, 0, 0), 0);
     struct pollfd p = {.fd = qk_queue_completion_fd(q), .events = POLLIN};
-    QK_CHECK_EQ(poll(&p, 1, 10000), 1);
+    QK_CHECK_EQ(poll_retry(&p, 10000), 1);
     usleep(200000); /* let every read finish */
     QkCompletion c[N];
     int got = 0;
     for (int round = 0; round < N && got < N; round++) {
         /* One per wake-up: the fd must say there is more each time. */
         p.revents = 0;
-        int ready = poll(&p, 1, 10000);
+        int ready = poll_retry(&p, 10000);
         QK_CHECK_EQ(ready, 1);
         if (ready != 1) {
             break;
@@ -251,6 +272,72 @@ static void test_threads(QkAsyncImage *img)
     }
 }
 
+/* Inline: a wait with a time limit (the poll path), and one queue's
+ * completions reaped inside another queue's do_io, which must leave the
+ * first queue's descriptor readable. */
+static void test_inline_waits(QkAsyncImage *img)
+{
+    enum { N = 64 };
+    QkQueue *q0 = qk_async_queue(img, 0), *q1 = qk_async_queue(img, 1);
+    uint8_t *bufs = aligned_alloc(4096, (size_t)(N + 1) * BS);
+    QkCompletion c[N];
+    for (int i = 0; i < N; i++) {
+        struct iovec iov = {bufs + (size_t)i * BS, BS};
+        QK_CHECK_EQ(qk_queue_readv(q0, (uint64_t)i * 31 * BS, &iov, 1, NULL), 0);
+    }
+    int got = 0;
+    for (int tries = 0; tries < 100 && got < N; tries++) {
+        int n = qk_queue_do_io(q0, c + got, N - got, N - got, 100 * 1000 * 1000);
+        QK_CHECK(n >= 0);
+        got += n > 0 ? n : 0;
+    }
+    QK_CHECK_EQ(got, N);
+    for (int i = 0; i < N; i++) {
+        struct iovec iov = {bufs + (size_t)i * BS, BS};
+        /* Blocks test_many_in_flight wrote: reads that reach the disk. */
+        QK_CHECK_EQ(qk_queue_readv(q0, (uint64_t)i * 7919 % (NBLOCKS / 2) * BS, &iov, 1, NULL), 0);
+    }
+    QK_CHECK_EQ(qk_queue_do_io(q0, NULL, 0, 0, 0), 0);
+    usleep(100000);
+    struct iovec iov1 = {bufs + (size_t)N * BS, BS};
+    QK_CHECK_EQ(qk_queue_readv(q1, 0, &iov1, 1, NULL), 0);
+    wait_all(q1, 1); /* reaps q0's finished reads too */
+    struct pollfd p = {.fd = qk_queue_completion_fd(q0), .events = POLLIN};
+    got = 0;
+    while (got < N) {
+        int ready = poll_retry(&p, 10000);
+        QK_CHECK_EQ(ready, 1);
+        if (ready != 1) {
+            break;
+        }
+        int n = qk_queue_do_io(q0, c + got, 0, N - got, 0);
+        QK_CHECK(n >= 0);
+        got += n > 0 ? n : 0;
+    }
+    QK_CHECK_EQ(got, N);
+    QK_CHECK_EQ(poll_retry(&p, 0), 0);
+    free(bufs);
+}
+
+static void *foreign_thread(void *opaque)
+{
+    QkAsyncImage *img = opaque;
+    QkCompletion c[1];
+    intptr_t bad = 0;
+    bad += qk_queue_do_io(qk_async_queue(img, 0), c, 0, 1, 0) != -EPERM;
+    bad += qk_async_close(img) != -EPERM;
+    return (void *)bad;
+}
+
+static void test_inline_foreign_thread(QkAsyncImage *img)
+{
+    pthread_t t;
+    void *bad = (void *)1;
+    QK_CHECK_EQ(pthread_create(&t, NULL, foreign_thread, img), 0);
+    pthread_join(t, &bad);
+    QK_CHECK(bad == NULL);
+}
+
 static void test_zero_discard_flush(QkAsyncImage *img)
 {
     QkQueue *q = qk_async_queue(img, 0);
@@ -314,10 +401,11 @@ int main(void)
     /* The API's backend setting, as the environment would set it. */
     const char *env = getenv("QCOWKIT_AIO");
     QK_CHECK_EQ(qk_set_aio_backend(env && *env ? env : "default"), 0);
-    for (int pass = 0; pass < 2; pass++) {
-        /* Second pass: O_DIRECT, reopening what the first wrote. */
-        QkAsyncImage *img = qk_async_open("a.qcow2", "qcow2", QK_IMAGE_RDWR | (pass ? QK_IMAGE_NOCACHE : 0), 6,
-                                          msg, sizeof(msg));
+    for (int pass = 0; pass < 3; pass++) {
+        /* Second pass: O_DIRECT, reopening what the first wrote; third:
+         * an inline image, O_DIRECT. */
+        int flags = QK_IMAGE_RDWR | (pass ? QK_IMAGE_NOCACHE : 0) | (pass == 2 ? QK_ASYNC_INLINE : 0);
+        QkAsyncImage *img = qk_async_open("a.qcow2", "qcow2", flags, 6, msg, sizeof(msg));
         QK_CHECK(img != NULL);
         if (!img) {
             fprintf(stderr, "open: %s\n", msg);
@@ -327,7 +415,12 @@ int main(void)
         test_many_in_flight(img);
         test_epoll(img);
         test_partial_collect(img);
-        test_threads(img);
+        if (pass == 2) {
+            test_inline_waits(img);
+            test_inline_foreign_thread(img);
+        } else {
+            test_threads(img);
+        }
         test_zero_discard_flush(img);
         test_errors(img);
         QK_CHECK_EQ(qk_async_close(img), 0);
