@@ -3,16 +3,20 @@
  * up to 16 requests in flight, from a plain epoll loop that watches the
  * queue's completion descriptor (as a VMM or backup tool would from its
  * own loop), and prints a checksum of the virtual disk (64-bit FNV-1a).
+ * With -i the image is inline (QK_ASYNC_INLINE): its engine runs in this
+ * thread, inside qk_queue_do_io(), and no second thread is started.
  *
  *   cc async_reader.c $(pkg-config --cflags --libs qcowkit) -o async_reader
- *   ./async_reader IMAGE
+ *   ./async_reader [-i] IMAGE
  */
 #include <qcowkit/qcowkit.h>
 
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/epoll.h>
+#include <string.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -20,12 +24,18 @@ enum { DEPTH = 16, CHUNK = 256 << 10 };
 
 int main(int argc, char **argv)
 {
+    int flags = 0;
+    if (argc == 3 && strcmp(argv[1], "-i") == 0) {
+        flags = QK_ASYNC_INLINE;
+        argv++;
+        argc--;
+    }
     if (argc != 2) {
-        fprintf(stderr, "usage: %s IMAGE\n", argv[0]);
+        fprintf(stderr, "usage: %s [-i] IMAGE\n", argv[0]);
         return 2;
     }
     char msg[512];
-    QkAsyncImage *img = qk_async_open(argv[1], NULL, 0, 1, msg, sizeof(msg));
+    QkAsyncImage *img = qk_async_open(argv[1], NULL, flags, 1, msg, sizeof(msg));
     if (!img) {
         fprintf(stderr, "%s\n", msg);
         return 1;
@@ -67,7 +77,9 @@ int main(int argc, char **argv)
         int n = qk_queue_do_io(q, c, 0, DEPTH, 0);  /* hand over, take what is there */
         if (n == 0) {
             struct epoll_event out;
-            if (epoll_wait(ep, &out, 1, -1) < 0) {
+            /* EINTR: a signal, or (inline, io_uring) the kernel handing
+             * completions back to this thread; wait again. */
+            if (epoll_wait(ep, &out, 1, -1) < 0 && errno != EINTR) {
                 ret = 1;
             }
             continue;

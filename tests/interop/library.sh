@@ -71,6 +71,7 @@ qemu-img compare -q "$d/src.qcow2" "$d/dst.qcow2"
 echo "copy: qemu-img compare identical, check clean"
 
 got=$("$d/async_reader" "$d/src.qcow2")
+got_inline=$("$d/async_reader" -i "$d/src.qcow2")
 qemu-img convert -O raw "$d/src.qcow2" "$d/src.raw"
 want=$(python3 - "$d/src.raw" <<'PY'
 import sys
@@ -82,10 +83,13 @@ print('%016x %d' % (h, len(data)))
 PY
 )
 [ "$got" = "$want" ] || { echo "async_reader: got '$got', want '$want'"; exit 1; }
-echo "async_reader: checksum matches qemu-img's raw export"
+[ "$got_inline" = "$want" ] || { echo "async_reader -i: got '$got_inline', want '$want'"; exit 1; }
+echo "async_reader: checksum matches qemu-img's raw export (engine thread and inline)"
 
 # A missing image: a clear message, exit 1.
 if "$d/async_reader" "$d/missing.qcow2" 2>"$d/err"; then echo "missing image accepted"; exit 1; fi
+grep -q "missing.qcow2" "$d/err"
+if "$d/async_reader" -i "$d/missing.qcow2" 2>"$d/err"; then echo "missing image accepted (inline)"; exit 1; fi
 grep -q "missing.qcow2" "$d/err"
 echo "errors: ok"
 
