@@ -3,9 +3,10 @@
  * public asynchronous API (qk_async_open, one queue, qk_queue_do_io), with
  * the same offsets as `qcowkit bench` (start at 0, advance by STEP,
  * wrapping inside the image), so bench/async_api.sh can compare the two
- * side by side. Prints one line: "requests seconds iops".
+ * side by side. -i opens the image inline (QK_ASYNC_INLINE: no engine
+ * thread). Prints one line: "requests seconds iops".
  *
- *   qk-async-bench [-w] [-t none|writeback] [-c COUNT] [-d DEPTH] [-s SIZE] [-S STEP] IMAGE
+ *   qk-async-bench [-i] [-w] [-t none|writeback] [-c COUNT] [-d DEPTH] [-s SIZE] [-S STEP] IMAGE
  */
 #include "qcowkit/qcowkit.h"
 
@@ -30,8 +31,9 @@ int main(int argc, char **argv)
     uint64_t count = 100000, depth = 32, size = 4096, step = 0;
     int write = 0, flags = 0;
     int c;
-    while ((c = getopt(argc, argv, "wt:c:d:s:S:")) != -1) {
+    while ((c = getopt(argc, argv, "iwt:c:d:s:S:")) != -1) {
         switch (c) {
+        case 'i': flags |= QK_ASYNC_INLINE; break;
         case 'w': write = 1; break;
         case 't':
             if (strcmp(optarg, "none") == 0) {
@@ -49,7 +51,7 @@ int main(int argc, char **argv)
         }
     }
     if (optind != argc - 1 || !depth || depth > 1024 || !size) {
-        fprintf(stderr, "usage: qk-async-bench [-w] [-t none|writeback] [-c N] [-d N] [-s N] [-S N] IMAGE\n");
+        fprintf(stderr, "usage: qk-async-bench [-i] [-w] [-t none|writeback] [-c N] [-d N] [-s N] [-S N] IMAGE\n");
         return 1;
     }
     step = step ? step : size;
