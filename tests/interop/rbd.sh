@@ -4,7 +4,8 @@
 # convert both ways, compare, resize, measure, bench, qcow2 on top of an
 # RBD image, the mirror command, snapshots (create,
 # list, apply, delete, open at a snapshot read-only), an NBD export of an
-# RBD image under a qemu-io writer, a live mirror from a local qcow2
+# RBD image under a qemu-io writer and the NBD checks of a file export
+# (nbd-cases.bash), a live mirror from a local qcow2
 # export into RBD under a writer (then a switch), errors (bad names, no
 # pool, no image, no cluster: a message within seconds), and the OSD
 # killed under a writer: requests fail with an error, nothing hangs, and
@@ -12,6 +13,7 @@
 # I/O paths.
 . "$SRC_DIR/tests/interop/nbd-lib.bash"
 . "$SRC_DIR/tests/interop/ceph-lib.bash"
+. "$SRC_DIR/tests/interop/nbd-cases.bash"
 
 WRITER_PID=""
 # The cluster first: nbd_cleanup's wait would wait for its daemons too.
@@ -140,6 +142,18 @@ nbdinfo --map "$uri" > /dev/null || fail "block status over NBD"
 stop_serve "$SERVE_PID"
 nbd_verify "rbd:$P/e" w.log
 echo "ok: NBD export of an RBD image (ASan)"
+
+# The NBD checks a file export passes (nbd-cases.bash), on RBD: raw on the
+# ASan build, qcow2 on top of RBD on the plain one; then hostile clients
+# against a qcow2-on-RBD export.
+"$QK" create -q -f raw "rbd:$P/np" 64M || fail "create np"
+nbd_peers_case "$QK_ASAN" raw "rbd:$P/np" "raw on rbd"
+"$QK" create -q -f qcow2 "rbd:$P/nq" 64M || fail "create nq"
+nbd_peers_case "$QK" qcow2 "rbd:$P/nq" "qcow2 on rbd"
+"$QK" create -q -f qcow2 "rbd:$P/nbw" 64M || fail "create nbw"
+"$QK" create -q -f raw "rbd:$P/nbr" 64M || fail "create nbr"
+nbd_badinput_case "$QK" "rbd:$P/nbw" "rbd:$P/nbr"
+echo "ok: the file export's NBD checks on RBD exports"
 
 # A live mirror into RBD: a local qcow2 export under a writer, target an
 # RBD image; write-blocking, complete with a switch, every write found in
