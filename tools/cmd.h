@@ -110,6 +110,14 @@ json_t *qk_tool_snapshots_json(const QkSnapshotInfo *l, int n);
 void qk_tool_print_man(FILE *f, const QkCommand *const *cmds, size_t n);
 /* Whether two paths name the same file (device and inode). */
 bool qk_tool_same_file(const char *a, const char *b);
+
+/* --image-opts/--target-image-opts (image_opts.c): replaces the key lists
+ * among a command's arguments (ARGV[0] is the command) by names and format
+ * flags, drops the two options; ARGV may then point to a new array.
+ * Returns 0, or -1 after printing an error. qk_tool_image_opts_free()
+ * frees what it made, once the command is done. */
+int qk_tool_image_opts(int *argc, char ***argv);
+void qk_tool_image_opts_free(void);
 /* The program name used in messages. */
 extern const char *qk_progname;
 

@@ -119,7 +119,7 @@ static int run_op(QkBlock *bs, QkBlock *src_bs, const Op *op, const char *name, 
 
 static int run(int argc, char **argv)
 {
-    enum { OPT_ADD = 256, OPT_REMOVE, OPT_CLEAR, OPT_ENABLE, OPT_DISABLE, OPT_MERGE, OPT_OBJECT, OPT_IMAGE_OPTS };
+    enum { OPT_ADD = 256, OPT_REMOVE, OPT_CLEAR, OPT_ENABLE, OPT_DISABLE, OPT_MERGE, OPT_OBJECT };
     static const struct option longopts[] = {
         {"help", no_argument, NULL, 'h'},
         {"add", no_argument, NULL, OPT_ADD},
@@ -132,7 +132,6 @@ static int run(int argc, char **argv)
         {"source-file", required_argument, NULL, 'b'},
         {"source-format", required_argument, NULL, 'F'},
         {"object", required_argument, NULL, OPT_OBJECT},
-        {"image-opts", no_argument, NULL, OPT_IMAGE_OPTS},
         {NULL, 0, NULL, 0},
     };
     Op ops[64];
@@ -167,7 +166,6 @@ static int run(int argc, char **argv)
             nops++;
             break;
         case OPT_OBJECT:
-        case OPT_IMAGE_OPTS:
             qk_tool_error("%s is not supported", argv[optind - 1]);
             return 1;
         case ':':

@@ -421,12 +421,11 @@ static int run_compare(int argc, char **argv)
     const char *fmt1 = NULL, *fmt2 = NULL, *cache = NULL;
     bool progress = false, quiet = false, strict = false;
     int flags = 0;
-    enum { OPT_OBJECT = 256, OPT_IMAGE_OPTS };
+    enum { OPT_OBJECT = 256 };
     static const struct option longopts[] = {
         {"help", no_argument, NULL, 'h'},
         {"force-share", no_argument, NULL, 'U'},
         {"object", required_argument, NULL, OPT_OBJECT},
-        {"image-opts", no_argument, NULL, OPT_IMAGE_OPTS},
         {NULL, 0, NULL, 0},
     };
     optind = 1;
@@ -458,9 +457,8 @@ static int run_compare(int argc, char **argv)
             fputs(usage_text, stdout);
             return 0;
         case OPT_OBJECT:
-        case OPT_IMAGE_OPTS:
             /* Exit 2, not 1: for compare, 1 means "the images differ". */
-            qk_tool_error("%s is not supported", opt == OPT_OBJECT ? "--object" : "--image-opts");
+            qk_tool_error("%s is not supported", "--object");
             return 2;
         case ':':
             qk_tool_error("missing argument for option '%s'", argv[optind - 1]);

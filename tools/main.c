@@ -59,7 +59,10 @@ static void usage(FILE *f)
     for (size_t i = 0; i < NCOMMANDS; i++) {
         fprintf(f, "  %-10s %s\n", commands[i]->name, commands[i]->summary);
     }
-    fprintf(f, "\nSizes accept suffixes k, M, G, T (powers of 1024), e.g. 64k, 1G.\n");
+    fprintf(f, "\nSizes accept suffixes k, M, G, T (powers of 1024), e.g. 64k, 1G.\n"
+               "--image-opts (and convert's --target-image-opts) name images by QEMU key lists:\n"
+               "  driver=qcow2,file.filename=a.qcow2   driver=rbd,pool=P,image=I[,snapshot=S,conf=F,user=U]\n"
+               "  driver=raw,file.driver=nbd,file.server.type=unix,file.server.path=SOCK,file.export=E\n");
 }
 
 int main(int argc, char **argv)
@@ -126,7 +129,13 @@ int main(int argc, char **argv)
         }
     }
     /* getopt in subcommands starts from argv[0] = command name. */
-    int r = c->run(argc - i, argv + i);
+    int cargc = argc - i;
+    char **cargv = argv + i;
+    if (qk_tool_image_opts(&cargc, &cargv) < 0) {
+        return strcmp(name, "compare") == 0 ? 2 : 1; /* compare: 1 means "differ" */
+    }
+    int r = c->run(cargc, cargv);
+    qk_tool_image_opts_free();
     fflush(stdout);
     qk_loop_destroy_current();
     if (inject && *inject) {

@@ -53,7 +53,14 @@ void qk_tool_print_man(FILE *f, const QkCommand *const *cmds, size_t n)
           "with QEMU: images it writes open unchanged in QEMU, and it opens the images qemu-img writes. "
           "Its commands take the flags, print the text and JSON, and exit with the codes of the "
           "qemu-img and qemu-io commands they match.\n"
-          ".PP\nSizes accept the suffixes k, M, G, T (powers of 1024), e.g. 64k or 1G.\n", f);
+          ".PP\nSizes accept the suffixes k, M, G, T (powers of 1024), e.g. 64k or 1G.\n"
+          ".PP\nWith \\fB\\-\\-image\\-opts\\fR (info, check, map, measure, resize, bench, snapshot, "
+          "amend, commit, rebase, bitmap, compare, convert) the images are QEMU key lists instead of names: "
+          "driver=qcow2|raw with file.filename=PATH or file.driver=rbd|nbd and its keys, or "
+          "driver=file|rbd|nbd alone (rbd: pool, namespace, image, snapshot, conf, user; nbd: server.type, "
+          "server.path, server.host, server.port, export). convert takes "
+          "\\fB\\-\\-target\\-image\\-opts\\fR with \\fB\\-n\\fR for its target. Other keys are "
+          "refused by name.\n", f);
     fputs(".SH COMMANDS\n", f);
     for (size_t i = 0; i < n; i++) {
         fprintf(f, ".SS %s\n", cmds[i]->name);

@@ -2,7 +2,7 @@
 # rbd: images against a real, throwaway Ceph cluster (ceph-lib.bash), with
 # qemu-img's rbd driver and the rbd tool as judges: create, info, map,
 # convert both ways, compare, resize, measure, bench, qcow2 on top of an
-# RBD image, the mirror command, snapshots (create,
+# RBD image, --image-opts key lists, the mirror command, snapshots (create,
 # list, apply, delete, open at a snapshot read-only), an NBD export of an
 # RBD image under a qemu-io writer and the NBD checks of a file export
 # (nbd-cases.bash), a live mirror from a local qcow2
@@ -88,6 +88,20 @@ qemu-img compare -q -f qcow2 -F qcow2 src.qcow2 "rbd:$P/qc" || fail "qcow2 in rb
 qemu-img check -q -f qcow2 "rbd:$P/qc" || fail "qcow2 in rbd: check"
 echo "ok: qcow2 on top of RBD (create, io, convert; qemu-img check and compare)"
 
+# --image-opts with rbd keys, as qemu-img reads the same lists.
+for opts in "driver=rbd,pool=$P,image=b" "driver=raw,file.driver=rbd,file.pool=$P,file.image=b,file.conf=$CEPH_CONF"; do
+  diff <("$QK" map --output=json --image-opts "$opts") <(qemu-img map --output=json --image-opts "$opts") ||
+    fail "map --image-opts $opts"
+done
+"$QK" check --image-opts "driver=qcow2,file.driver=rbd,file.pool=$P,file.image=qc,file.user=admin" > ck.out ||
+  fail "check --image-opts on qcow2 in rbd"
+grep -q 'No errors were found' ck.out || fail "check --image-opts output"
+"$QK" compare --image-opts "driver=qcow2,file.driver=rbd,file.pool=$P,file.image=qc" \
+  "driver=qcow2,file.filename=src.qcow2" > /dev/null || fail "compare --image-opts rbd/file"
+out=$("$QK" info --image-opts "driver=rbd,pool=$P" 2>&1) && fail "rbd keys without image accepted"
+echo "$out" | grep -q "Parameter 'image' is required" || fail "rbd keys without image: $out"
+echo "ok: --image-opts with rbd keys"
+
 # The mirror command into an existing RBD image.
 "$QK" create -q -f raw "rbd:$P/mc" 64M
 "$QK" mirror src.qcow2 "rbd:$P/mc" || fail "mirror into rbd"
@@ -108,6 +122,10 @@ qemu-img compare -q -F raw src.qcow2 "rbd:$P/b" || fail "apply did not roll back
 [ -z "$(rbd snap ls "$P/b")" ] || fail "s1 still there"
 out=$("$QK" snapshot -d s1 "rbd:$P/b" 2>&1) && fail "deleting a missing snapshot"
 echo "$out" | grep -q "Can't find snapshot 's1'" || fail "missing snapshot: $out"
+"$QK" snapshot -c s2 "rbd:$P/b" || fail "snapshot s2"
+"$QK" compare --image-opts "driver=rbd,pool=$P,image=b,snapshot=s2" "driver=raw,file.filename=src.raw" \
+  > /dev/null || fail "--image-opts at a snapshot"
+"$QK" snapshot -d s2 "rbd:$P/b" || fail "snapshot delete s2"
 echo "ok: snapshots"
 
 # Errors: clear and quick.
