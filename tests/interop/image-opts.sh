@@ -3,12 +3,10 @@
 # lists give what qemu-img gives for the same lists (info and map output,
 # check, compare, measure, snapshot list, convert from and into a key
 # list, resize), and the mistakes qemu-img refuses are refused with its
-# message and exit code. Plain and ASan builds. (rbd.sh checks the rbd
-# keys against a cluster.)
+# message and exit code; nbd keys reach an export. Plain and ASan builds.
+# (rbd.sh checks the rbd keys against a cluster.)
 set -u
-QK_PLAIN=${QCOWKIT:-$SRC_DIR/build/tools/qcowkit}
-QK_ASAN=${QCOWKIT_ASAN:-$SRC_DIR/build-asan/tools/qcowkit}
-fail() { echo "FAIL: $*"; exit 1; }
+. "$SRC_DIR/tests/interop/nbd-lib.bash"
 mask() { sed -e 's/^disk size: .*/disk size: SIZE/' -e 's/"actual-size": [0-9]*/"actual-size": SIZE/' \
   -e 's/^qcowkit: /PROG: /' -e 's/^qemu-img: /PROG: /'; }
 
@@ -61,6 +59,16 @@ for QK in "$QK_PLAIN" "$QK_ASAN"; do
   "$QK" resize --image-opts driver=qcow2,file.filename=g.qcow2 +1M > /dev/null || fail "$b: resize"
   qemu-img info --output=json g.qcow2 | grep -q '"virtual-size": 68157440' || fail "$b: resize size"
   qemu-img check -q g.qcow2 || fail "$b: resize check"
+
+  # nbd keys, at the top level and under file., against an export.
+  start_serve "$QK_PLAIN" pid --socket "$PWD/nbd.sock" --export "name=disk,file=a.qcow2,format=qcow2,readonly=on"
+  for opts in "driver=nbd,server.type=unix,server.path=$PWD/nbd.sock,export=disk" \
+              "driver=raw,file.driver=nbd,file.server.type=unix,file.server.path=$PWD/nbd.sock,file.export=disk"; do
+    diff <("$QK" map --output=json --image-opts "$opts") <(qemu-img map --output=json --image-opts "$opts") ||
+      fail "$b: map $opts"
+    out=$("$QK" compare --image-opts "$opts" "$R") || fail "$b: compare over nbd: $out"
+  done
+  stop_serve "$SERVE_PID"
 
   # Mistakes: qemu-img's message (after the program name) and exit code.
   same_err() { # description, then the arguments shared by both tools
