@@ -113,18 +113,23 @@ static const char *get(KeyList *k, const char *prefix, const char *name)
     return NULL;
 }
 
-/* Appends S to the name, with the characters an rbd: name gives meaning
- * to escaped by a backslash. */
-static void put_rbd(char *out, size_t size, const char *s)
+/* Appends S to the name (escaping the characters an rbd: name gives
+ * meaning to with a backslash when ESCAPE); false when it does not fit. */
+static bool put(char *out, size_t size, const char *s, bool escape)
 {
     size_t n = strlen(out);
-    for (; *s && n + 2 < size; s++) {
-        if (strchr("\\/@:=", *s)) {
+    for (; *s; s++) {
+        bool esc = escape && strchr("\\/@:=", *s);
+        if (n + 1 + esc >= size) {
+            return false;
+        }
+        if (esc) {
             out[n++] = '\\';
         }
         out[n++] = *s;
     }
     out[n] = '\0';
+    return true;
 }
 
 /* Builds the name of the protocol node described by the keys under
@@ -146,7 +151,10 @@ static char *protocol_name(KeyList *k, const char *prefix, const char *proto)
         for (size_t i = 0; i < sizeof(protos) / sizeof(protos[0]); i++) {
             proto_like |= strncmp(f, protos[i], strlen(protos[i])) == 0;
         }
-        snprintf(name, sizeof(name), "%s%s", proto_like ? "./" : "", f);
+        if (snprintf(name, sizeof(name), "%s%s", proto_like ? "./" : "", f) >= (int)sizeof(name)) {
+            qk_tool_error("Parameter '%sfilename' is longer than %zu bytes", prefix, sizeof(name) - 3);
+            return NULL;
+        }
     } else if (strcmp(proto, "rbd") == 0) {
         const char *pool = get(k, prefix, "pool"), *image = get(k, prefix, "image");
         const char *ns = get(k, prefix, "namespace"), *snap = get(k, prefix, "snapshot");
@@ -155,36 +163,40 @@ static char *protocol_name(KeyList *k, const char *prefix, const char *proto)
             qk_tool_error("Parameter '%s%s' is required", prefix, !pool || !*pool ? "pool" : "image");
             return NULL;
         }
-        strcpy(name, "rbd:");
-        put_rbd(name, sizeof(name), pool);
-        strcat(name, "/");
+        size_t z = sizeof(name);
+        bool fits = put(name, z, "rbd:", false) && put(name, z, pool, true) && put(name, z, "/", false);
         if (ns && *ns) {
-            put_rbd(name, sizeof(name), ns);
-            strcat(name, "/");
+            fits = fits && put(name, z, ns, true) && put(name, z, "/", false);
         }
-        put_rbd(name, sizeof(name), image);
+        fits = fits && put(name, z, image, true);
         if (snap && *snap) {
-            strcat(name, "@");
-            put_rbd(name, sizeof(name), snap);
+            fits = fits && put(name, z, "@", false) && put(name, z, snap, true);
         }
         if (conf && *conf) {
-            strcat(name, ":conf=");
-            put_rbd(name, sizeof(name), conf);
+            fits = fits && put(name, z, ":conf=", false) && put(name, z, conf, true);
         }
         if (user && *user) {
-            strcat(name, ":id=");
-            put_rbd(name, sizeof(name), user);
+            fits = fits && put(name, z, ":id=", false) && put(name, z, user, true);
+        }
+        if (!fits) {
+            qk_tool_error("The rbd image options make a name longer than %zu bytes", z - 1);
+            return NULL;
         }
     } else if (strcmp(proto, "nbd") == 0) {
         const char *type = get(k, prefix, "server.type"), *exp = get(k, prefix, "export");
         const char *path = get(k, prefix, "server.path"), *host = get(k, prefix, "server.host");
         const char *port = get(k, prefix, "server.port");
+        int len;
         if (type && strcmp(type, "unix") == 0 && path) {
-            snprintf(name, sizeof(name), "nbd+unix:///%s?socket=%s", exp ? exp : "", path);
+            len = snprintf(name, sizeof(name), "nbd+unix:///%s?socket=%s", exp ? exp : "", path);
         } else if (type && strcmp(type, "inet") == 0 && host) {
-            snprintf(name, sizeof(name), "nbd://%s:%s/%s", host, port ? port : "10809", exp ? exp : "");
+            len = snprintf(name, sizeof(name), "nbd://%s:%s/%s", host, port ? port : "10809", exp ? exp : "");
         } else {
             qk_tool_error("Parameter '%sserver' needs type=unix with path, or type=inet with host", prefix);
+            return NULL;
+        }
+        if (len >= (int)sizeof(name)) {
+            qk_tool_error("The nbd image options make a name longer than %zu bytes", sizeof(name) - 1);
             return NULL;
         }
     } else {
