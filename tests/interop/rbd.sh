@@ -2,7 +2,8 @@
 # rbd: images against a real, throwaway Ceph cluster (ceph-lib.bash), with
 # qemu-img's rbd driver and the rbd tool as judges: create, info, map,
 # convert both ways, compare, resize, measure, bench, qcow2 on top of an
-# RBD image, --image-opts key lists, the mirror command, snapshots (create,
+# RBD image, --image-opts key lists, the mirror command, backups (push,
+# incremental, a live job), snapshots (create,
 # list, apply, delete, open at a snapshot read-only), an NBD export of an
 # RBD image under a qemu-io writer and the NBD checks of a file export
 # (nbd-cases.bash), a live mirror from a local qcow2
@@ -107,6 +108,41 @@ echo "ok: --image-opts with rbd keys"
 "$QK" mirror src.qcow2 "rbd:$P/mc" || fail "mirror into rbd"
 qemu-img compare -q -f qcow2 -F raw src.qcow2 "rbd:$P/mc" || fail "mirror: rbd image differs"
 echo "ok: qcowkit mirror into RBD"
+
+# Backups into RBD: a full push backup (raw, and qcow2 clearing a bitmap),
+# an incremental one whose backing file is the full one in RBD, and a live
+# backup job of an export into an existing RBD image (ASan server).
+cp src.qcow2 bsrc.qcow2
+"$QK" bitmap --add bsrc.qcow2 b0 || fail "bitmap add"
+"$QK" backup -q -O raw bsrc.qcow2 "rbd:$P/bk1" || fail "backup -O raw into rbd"
+qemu-img compare -q -F raw bsrc.qcow2 "rbd:$P/bk1" || fail "raw backup differs"
+"$QK" backup -q -O qcow2 --bitmap b0 bsrc.qcow2 "rbd:$P/bk2" || fail "backup -O qcow2 into rbd"
+qemu-img check -q -f qcow2 "rbd:$P/bk2" || fail "qcow2 backup: check"
+qemu-io -f qcow2 -c 'write -P 0x66 30M 1M' bsrc.qcow2 > /dev/null
+"$QK" backup -q --sync=incremental --bitmap b0 -B "rbd:$P/bk2" -F qcow2 bsrc.qcow2 "rbd:$P/bk3" ||
+  fail "incremental backup into rbd"
+qemu-img check -q -f qcow2 "rbd:$P/bk3" || fail "incremental: check"
+qemu-img info -f qcow2 "rbd:$P/bk3" | grep -q "^backing file: rbd:$P/bk2$" || fail "incremental: backing file"
+qemu-img compare -q -f qcow2 -F qcow2 bsrc.qcow2 "rbd:$P/bk3" || fail "incremental chain differs"
+[ "$(qemu-img map --output=json -f qcow2 "rbd:$P/bk3" | grep -c '"depth": 0, "present": true, "zero": false, "data": true')" = 1 ] ||
+  fail "incremental holds more than the changed range"
+"$QK" create -q -f raw "rbd:$P/bk4" 64M
+start_serve "$QK_ASAN" pid --socket "$PWD/nbd.sock" --control "$PWD/ctl.sock" \
+  --export "name=disk,file=bsrc.qcow2,format=qcow2"
+ctl backup-start export=disk target="rbd:$P/bk4" format=raw sync=full id=bj > /dev/null || fail "backup-start"
+for i in $(seq 300); do
+  st=$(job_field status)
+  [ "$st" = completed ] && break
+  [ "$st" = failed ] && { ctl query-jobs; fail "backup job failed"; }
+  sleep 0.1
+done
+[ "$st" = completed ] || { ctl query-jobs; fail "backup job never completed"; }
+out=$(ctl backup-start export=disk target="rbd:$P/nosuch" format=raw sync=full id=bk 2>&1) &&
+  fail "backup-start into a missing rbd image"
+echo "$out" | grep -q "Could not open target 'rbd:$P/nosuch'" || fail "missing target: $out"
+stop_serve "$SERVE_PID"
+qemu-img compare -q -F raw bsrc.qcow2 "rbd:$P/bk4" || fail "live backup differs"
+echo "ok: backups into RBD (push full and incremental, a live backup job)"
 
 # Snapshots through the snapshot command: RBD's own.
 "$QK" snapshot -c s1 "rbd:$P/b" || fail "snapshot create"
