@@ -101,7 +101,7 @@ m3e=$(find "$root" -name libqcowkit-engine.3 | head -n 1)
 MANWIDTH=200 man -l "$m1" 2>"$d/man.err" >"$d/man1.txt"; [ ! -s "$d/man.err" ] || { cat "$d/man.err"; exit 1; }
 MANWIDTH=200 man -l "$m3" 2>"$d/man.err" >"$d/man3.txt"; [ ! -s "$d/man.err" ] || { cat "$d/man.err"; exit 1; }
 MANWIDTH=200 man -l "$m3e" 2>"$d/man.err" >"$d/man3e.txt"; [ ! -s "$d/man.err" ] || { cat "$d/man.err"; exit 1; }
-cmds=$("$qk" --help | awk '/^Commands:/ {on=1; next} on && /^  [a-z]/ {print $1}')
+cmds=$("$qk" --help | awk '/^Commands:/ {on=1; next} on && /^$/ {exit} on && /^  [a-z]/ {print $1}')
 [ "$(echo "$cmds" | wc -w)" -ge 10 ] || { echo "command list not found in --help"; exit 1; }
 for c in $cmds; do
   first=$("$qk" help "$c" | head -n 1)
