@@ -130,6 +130,7 @@ typedef enum QkTunable {
     QK_TUNE_URING_WRITER,
     QK_TUNE_URING_COOP,
     QK_TUNE_BULK_READ_DIRECT,
+    QK_TUNE_URING_SUBMIT_BATCH,
     QK_TUNE__COUNT,
 } QkTunable;
 

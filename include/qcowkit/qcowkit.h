@@ -60,6 +60,9 @@ int qk_set_aio_backend(const char *name);
  *     IORING_SETUP_COOP_TASKRUN (default 0)
  *   bulk-read-direct (QCOWKIT_BULK_READ_DIRECT): 0 keeps a mirror's bulk
  *     reads of a page-cached file in the page cache (default 1)
+ *   uring-submit-batch (QCOWKIT_URING_SUBMIT_BATCH): io_uring requests go
+ *     to the kernel every this many (default 8; 0: only when the loop
+ *     waits)
  * Returns 0, -ENOENT (no such knob) or -EINVAL (VALUE out of range). Safe
  * from any thread. */
 int qk_set_tunable(const char *name, const char *value);

@@ -26,7 +26,17 @@
  * if the kernel cannot post its results (no IORING_OP_MSG_RING) they go to
  * io_uring's workers instead (IOSQE_ASYNC). The two sizes (128 KiB and
  * 4 KiB by default), the writer threads and the ring's setup flags are
- * tunables (util/tunables.h), so the trade-offs can be measured. */
+ * tunables (util/tunables.h), so the trade-offs can be measured.
+ *
+ * Requests go to the kernel every submit_batch SQEs (8 by default) rather
+ * than all at the loop's next io_uring_enter: when 32 completions come in
+ * together, the first request re-issued no longer waits in the ring while
+ * the other 31 coroutines run, and the device gets a steadier stream (4k
+ * random writes at depth 32 on an allocated image, cache=none: 12-18%
+ * less time in two A/B runs). A request that continues the previous one does not end a
+ * batch, so a sequential stream still reaches the block layer in one
+ * piece and merges (4k sequential writes at depth 128 took 26% longer
+ * when batches of 8 cut it up). */
 
 /* One writer thread per file written (by descriptor), so writes to
  * different files run side by side as before and one file's slow write
@@ -44,6 +54,10 @@ typedef struct Uring {
     struct io_uring ring;
     size_t async_min;       /* reads */
     size_t async_min_write;
+    unsigned submit_batch;  /* SQEs that go to the kernel at once; 0: no limit */
+    int last_fd;            /* the last read or write prepared, */
+    QkAioOp last_op;        /* to tell a sequential stream */
+    uint64_t last_end;
     QkAioReq *overflow_head, *overflow_tail; /* waiting for a free SQE */
     unsigned queued;    /* SQEs prepared but not submitted */
     unsigned in_flight; /* submitted, not completed */
@@ -59,6 +73,17 @@ static size_t req_len(const QkAioReq *req)
         len += req->iov[i].iov_len;
     }
     return len;
+}
+
+/* Hands the prepared SQEs to the kernel. A failure leaves them queued for
+ * the loop's next submit, which reports it. */
+static void submit_queued(Uring *u)
+{
+    int r = io_uring_submit(&u->ring);
+    if (r > 0) {
+        u->in_flight += (unsigned)r;
+        u->queued -= (unsigned)r;
+    }
 }
 
 static bool prep(Uring *u, QkAioReq *req)
@@ -92,6 +117,18 @@ static bool prep(Uring *u, QkAioReq *req)
     }
     io_uring_sqe_set_data(sqe, req);
     u->queued++;
+    /* A request that continues the last one stays queued: the block
+     * layer merges what one io_uring_enter brings in together. */
+    bool rw = req->op == QK_AIO_READ || req->op == QK_AIO_WRITE;
+    bool continues = rw && req->fd == u->last_fd && req->op == u->last_op && req->off == u->last_end;
+    if (rw) {
+        u->last_fd = req->fd;
+        u->last_op = req->op;
+        u->last_end = req->off + req_len(req);
+    }
+    if (u->submit_batch && u->queued >= u->submit_batch && !continues) {
+        submit_queued(u);
+    }
     return true;
 }
 
@@ -291,6 +328,8 @@ void *qk_uring_backend_new(QkAioBackend *ops, int *errno_out)
     }
     u->async_min = (size_t)qk_tunable(QK_TUNE_URING_ASYNC_MIN);
     u->async_min_write = (size_t)qk_tunable(QK_TUNE_URING_ASYNC_MIN_WRITE);
+    u->submit_batch = (unsigned)qk_tunable(QK_TUNE_URING_SUBMIT_BATCH);
+    u->last_fd = -1;
     u->use_writer = u->async_min_write && qk_tunable(QK_TUNE_URING_WRITER);
     ops->name = "io_uring";
     ops->queue = uring_queue;

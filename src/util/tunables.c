@@ -26,6 +26,9 @@ static const QkTunableInfo table[QK_TUNE__COUNT] = {
     [QK_TUNE_BULK_READ_DIRECT] = {"bulk-read-direct", "QCOWKIT_BULK_READ_DIRECT", 1, 1,
         "0 keeps a mirror's bulk reads of a page-cached file in the page cache instead of reading "
         "them with O_DIRECT (for measuring)."},
+    [QK_TUNE_URING_SUBMIT_BATCH] = {"uring-submit-batch", "QCOWKIT_URING_SUBMIT_BATCH", 8, 256,
+        "Requests are handed to the kernel every this many, not only when the event loop next "
+        "waits (default 8; 0: only then)."},
 };
 
 /* The value set through the API plus one; 0: not set (so a knob added to
