@@ -33,10 +33,10 @@
  * together, the first request re-issued no longer waits in the ring while
  * the other 31 coroutines run, and the device gets a steadier stream (4k
  * random writes at depth 32 on an allocated image, cache=none: 12-18%
- * less time in two A/B runs). A request that continues the previous one does not end a
- * batch, so a sequential stream still reaches the block layer in one
- * piece and merges (4k sequential writes at depth 128 took 26% longer
- * when batches of 8 cut it up). */
+ * less time in two A/B runs). A request that continues the previous one
+ * does not end a batch, so a sequential stream still reaches the block
+ * layer in one piece and merges (4k sequential writes at depth 128 took
+ * 26% longer when batches of 8 cut it up). */
 
 /* One writer thread per file written (by descriptor), so writes to
  * different files run side by side as before and one file's slow write
