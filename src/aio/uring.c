@@ -75,15 +75,16 @@ static size_t req_len(const QkAioReq *req)
     return len;
 }
 
-/* Hands the prepared SQEs to the kernel. A failure leaves them queued for
- * the loop's next submit, which reports it. */
-static void submit_queued(Uring *u)
+/* Hands the prepared SQEs to the kernel; what it did not take stays
+ * queued. Returns io_uring_submit's result. */
+static int submit_queued(Uring *u)
 {
     int r = io_uring_submit(&u->ring);
     if (r > 0) {
         u->in_flight += (unsigned)r;
         u->queued -= (unsigned)r;
     }
+    return r;
 }
 
 static bool prep(Uring *u, QkAioReq *req)
@@ -127,7 +128,7 @@ static bool prep(Uring *u, QkAioReq *req)
         u->last_end = req->off + req_len(req);
     }
     if (u->submit_batch && u->queued >= u->submit_batch && !continues) {
-        submit_queued(u);
+        submit_queued(u); /* a failure is the loop's next submit's to report */
     }
     return true;
 }
@@ -204,11 +205,8 @@ static unsigned uring_submit(void *st)
     push_writers(u);
     for (;;) {
         if (u->queued) {
-            int r = io_uring_submit(&u->ring);
-            if (r > 0) {
-                u->in_flight += (unsigned)r;
-                u->queued -= (unsigned)r;
-            } else if (r < 0 && r != -EAGAIN && r != -EBUSY && r != -EINTR) {
+            int r = submit_queued(u);
+            if (r < 0 && r != -EAGAIN && r != -EBUSY && r != -EINTR) {
                 abort(); /* a broken ring is not recoverable */
             }
         }
