@@ -19,6 +19,7 @@ static const char *const names[QK_DBG__COUNT] = {
     [QK_DBG_REFBLOCK_UPDATE] = "refblock_update",
     [QK_DBG_READ_AIO] = "read_aio",
     [QK_DBG_FLUSH] = "flush",
+    [QK_DBG_DIRECT_WRITE] = "direct_write",
 };
 
 typedef struct Break {

@@ -24,6 +24,7 @@ typedef enum QkDebugEvent {
     QK_DBG_REFBLOCK_UPDATE, /* a refcount block was just written, nothing after it yet */
     QK_DBG_READ_AIO,        /* a data read from the host is about to be issued */
     QK_DBG_FLUSH,           /* a flush is about to reach the host */
+    QK_DBG_DIRECT_WRITE,    /* file: an O_DIRECT write is tracked, about to reach the host */
     QK_DBG__COUNT,
 } QkDebugEvent;
 

@@ -36,7 +36,7 @@ typedef struct Tracked {
     uint64_t start, end;     /* aligned byte range */
     bool rmw;
     QkCoQueue waiters;
-    struct Tracked *next;
+    struct Tracked *prev, *next;
 } Tracked;
 
 typedef struct FileState {
@@ -44,7 +44,10 @@ typedef struct FileState {
     bool direct;
     bool no_flush;
     bool is_block_dev;
-    Tracked *writes;         /* in-flight writes, only tracked under O_DIRECT */
+    /* In-flight writes, only tracked under O_DIRECT: only a write that
+     * reads-modifies-writes a block conflicts with anything, so the plain
+     * ones (nearly all) are kept apart and never scanned by each other. */
+    Tracked *rmw_writes, *plain_writes;
     int bulk_fd;             /* O_DIRECT reader for QK_REQ_BULK_READ: -1 not yet, -2 unusable */
     int64_t last_write_ns;   /* when the last buffered write was issued */
     QkWriteLog *log;         /* NULL unless QCOWKIT_LOG_WRITES is set */
@@ -275,27 +278,46 @@ static bool conflicts(const Tracked *a, const Tracked *b)
     return (a->rmw || b->rmw) && qk_ranges_overlap(a->start, a->end - a->start, b->start, b->end - b->start);
 }
 
+static Tracked *conflict_in(Tracked *head, const Tracked *t)
+{
+    for (Tracked *o = head; o; o = o->next) {
+        if (conflicts(o, t)) {
+            return o;
+        }
+    }
+    return NULL;
+}
+
+static Tracked **list_of(FileState *s, const Tracked *t)
+{
+    return t->rmw ? &s->rmw_writes : &s->plain_writes;
+}
+
 static void coroutine_fn track_begin(FileState *s, Tracked *t)
 {
     qk_co_queue_init(&t->waiters);
-retry:
-    for (Tracked *o = s->writes; o; o = o->next) {
-        if (conflicts(o, t)) {
-            qk_co_queue_wait(&o->waiters);
-            goto retry;
-        }
+    Tracked *o;
+    while ((o = conflict_in(s->rmw_writes, t)) || (t->rmw && (o = conflict_in(s->plain_writes, t)))) {
+        qk_co_queue_wait(&o->waiters);
     }
-    t->next = s->writes;
-    s->writes = t;
+    Tracked **head = list_of(s, t);
+    t->prev = NULL;
+    t->next = *head;
+    if (*head) {
+        (*head)->prev = t;
+    }
+    *head = t;
 }
 
 static void track_end(FileState *s, Tracked *t)
 {
-    for (Tracked **pp = &s->writes; *pp; pp = &(*pp)->next) {
-        if (*pp == t) {
-            *pp = t->next;
-            break;
-        }
+    if (t->prev) {
+        t->prev->next = t->next;
+    } else {
+        *list_of(s, t) = t->next;
+    }
+    if (t->next) {
+        t->next->prev = t->prev;
     }
     qk_co_queue_wake_all(&t->waiters);
 }
@@ -322,6 +344,7 @@ static int coroutine_fn file_pwritev(QkBlock *bs, uint64_t off, uint64_t bytes, 
             .rmw = !qk_is_aligned(off, a) || !qk_is_aligned(bytes, a),
         };
         track_begin(s, &t);
+        qk_block_debug_event(QK_DBG_DIRECT_WRITE);
         if (!needs_bounce(bs, off, bytes, &sub)) {
             r = host_write_full(s, off, &sub);
         } else {

@@ -62,9 +62,19 @@ static bool must_wait(const Qcow2State *s, const Qcow2Req *n, const Qcow2Req *o)
     return touches_cow(o, n->foot_start, n->foot_end) || touches_cow(n, o->foot_start, o->foot_end);
 }
 
-Qcow2Req *qcow2_req_conflict(Qcow2State *s, const Qcow2Req *r)
+/* Plain requests never wait for each other, so they sit on a list of
+ * their own that only the other kinds scan: a VM's steady reads and writes
+ * into allocated clusters pay for what is in flight of the rarer kinds,
+ * not for every request in flight (a scan of 128 of them per write was a
+ * fifth of the CPU time of 4k writes at depth 128). */
+static Qcow2Req **list_of(Qcow2State *s, const Qcow2Req *r)
 {
-    for (Qcow2Req *o = s->reqs; o; o = o->next) {
+    return r->kind == QCOW2_REQ_PLAIN ? &s->plain_reqs : &s->reqs;
+}
+
+static Qcow2Req *conflict_in(Qcow2State *s, Qcow2Req *head, const Qcow2Req *r)
+{
+    for (Qcow2Req *o = head; o; o = o->next) {
         if (o != r && must_wait(s, r, o)) {
             return o;
         }
@@ -72,15 +82,25 @@ Qcow2Req *qcow2_req_conflict(Qcow2State *s, const Qcow2Req *r)
     return NULL;
 }
 
+Qcow2Req *qcow2_req_conflict(Qcow2State *s, const Qcow2Req *r)
+{
+    Qcow2Req *o = conflict_in(s, s->reqs, r);
+    if (!o && r->kind != QCOW2_REQ_PLAIN) {
+        o = conflict_in(s, s->plain_reqs, r);
+    }
+    return o;
+}
+
 void qcow2_req_insert(Qcow2State *s, Qcow2Req *r)
 {
+    Qcow2Req **head = list_of(s, r);
     qk_co_queue_init(&r->waiters);
     r->prev = NULL;
-    r->next = s->reqs;
-    if (s->reqs) {
-        s->reqs->prev = r;
+    r->next = *head;
+    if (*head) {
+        (*head)->prev = r;
     }
-    s->reqs = r;
+    *head = r;
 }
 
 void coroutine_fn qcow2_req_begin(Qcow2State *s, Qcow2Req *r, uint64_t start, uint64_t end, bool exclusive)
@@ -102,7 +122,7 @@ void qcow2_req_end(Qcow2State *s, Qcow2Req *r)
     if (r->prev) {
         r->prev->next = r->next;
     } else {
-        s->reqs = r->next;
+        *list_of(s, r) = r->next;
     }
     if (r->next) {
         r->next->prev = r->prev;

@@ -238,7 +238,8 @@ struct Qcow2State {
     bool dirty_set_by_us;
     bool strict_alloc_deps;
 
-    Qcow2Req *reqs;
+    Qcow2Req *reqs;             /* in flight: allocating, zero and discard (deps.c) */
+    Qcow2Req *plain_reqs;       /* in flight: the plain ones */
     uint8_t *zero_buf;          /* one cluster of zeros, shared */
     Qcow2CleanSlot *clean;      /* clean-host table (deps.c), lazily made */
     uint64_t comp_next;         /* compress.c: next free byte of the host cluster being
