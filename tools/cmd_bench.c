@@ -151,8 +151,19 @@ static void coroutine_fn worker_entry(void *opaque)
         uint64_t off = b->next_offset;
         b->issued++;
         b->next_offset += b->step;
-        /* Wrap so that every request stays inside the image. */
-        b->next_offset = b->image_size > b->size ? b->next_offset % (b->image_size - b->size) : 0;
+        /* Modulo the image size, as qemu-img 7.2 to 10.0 do, so that both
+         * tools visit the same offsets in the same order (the disk serves
+         * some orders faster than others: 4k random writes took 15% longer
+         * when only the modulus differed). Where that would pass the end
+         * of the image (those qemu-img versions then fail with EIO) the
+         * offset wraps inside the range a request fits in, as later
+         * qemu-img versions wrap every offset. */
+        if (b->image_size > 0) {
+            b->next_offset %= b->image_size;
+        }
+        if (b->next_offset + b->size > b->image_size) {
+            b->next_offset = b->image_size > b->size ? b->next_offset % (b->image_size - b->size) : 0;
+        }
 
         b->in_flight++;
         int64_t t0 = qk_clock_ns();
