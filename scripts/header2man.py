@@ -98,7 +98,7 @@ def main():
     w('.SH ENVIRONMENT\n.TP\n.B QCOWKIT_AIO\nio_uring or threads: the I/O backend of the event loops the '
       'library creates (io_uring by default, falling back to a thread pool).\n.TP\n.B QCOWKIT_URING_ASYNC_MIN, '
       'QCOWKIT_URING_ASYNC_MIN_WRITE, QCOWKIT_URING_WRITER, QCOWKIT_URING_COOP, QCOWKIT_BULK_READ_DIRECT, '
-      'QCOWKIT_URING_SUBMIT_BATCH\n'
+      'QCOWKIT_URING_SUBMIT_BATCH, QCOWKIT_URING_SEQ_MAX\n'
       'The tuning knobs of qk_set_tunable, which a program\'s own setting overrides; qcowkit(1) '
       'describes each.\n')
     w('.SH SEE ALSO\n.BR libqcowkit\\-engine (3),\n.BR qcowkit (1)\n')

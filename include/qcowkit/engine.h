@@ -131,6 +131,7 @@ typedef enum QkTunable {
     QK_TUNE_URING_COOP,
     QK_TUNE_BULK_READ_DIRECT,
     QK_TUNE_URING_SUBMIT_BATCH,
+    QK_TUNE_URING_SEQ_MAX,
     QK_TUNE__COUNT,
 } QkTunable;
 

@@ -63,6 +63,9 @@ int qk_set_aio_backend(const char *name);
  *   uring-submit-batch (QCOWKIT_URING_SUBMIT_BATCH): io_uring requests go
  *     to the kernel every this many (default 8; 0: only when the loop
  *     waits)
+ *   uring-seq-max (QCOWKIT_URING_SEQ_MAX): a run of io_uring requests
+ *     each continuing the last goes to the kernel once it holds this many
+ *     bytes (default 262144; 0: the run stays queued whole)
  * Returns 0, -ENOENT (no such knob) or -EINVAL (VALUE out of range). Safe
  * from any thread. */
 int qk_set_tunable(const char *name, const char *value);

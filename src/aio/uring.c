@@ -36,7 +36,12 @@
  * less time in two A/B runs). A request that continues the previous one
  * does not end a batch, so a sequential stream still reaches the block
  * layer in one piece and merges (4k sequential writes at depth 128 took
- * 26% longer when batches of 8 cut it up). */
+ * 26% longer when batches of 8 cut it up), up to seq_max bytes (256 KiB by
+ * default): merged into one request of 512 KiB to 4 MiB, a deep stream
+ * kept this disk busy with one request at a time while the loop prepared
+ * the next, where pieces of 256 KiB keep several at the device (5
+ * alternating runs, cache=none: 4k writes at depth 128 390K -> 452K IOPS,
+ * 4k reads 331K -> 364K, 64k reads at depth 32 20.8K -> 23.8K). */
 
 /* One writer thread per file written (by descriptor), so writes to
  * different files run side by side as before and one file's slow write
@@ -58,6 +63,8 @@ typedef struct Uring {
     int last_fd;            /* the last read or write prepared, */
     QkAioOp last_op;        /* to tell a sequential stream */
     uint64_t last_end;
+    size_t seq_max;         /* a sequential run ends a batch at this many bytes; 0: never */
+    size_t seq_bytes;       /* bytes of the current run not yet submitted */
     QkAioReq *overflow_head, *overflow_tail; /* waiting for a free SQE */
     unsigned queued;    /* SQEs prepared but not submitted */
     unsigned in_flight; /* submitted, not completed */
@@ -83,6 +90,9 @@ static int submit_queued(Uring *u)
     if (r > 0) {
         u->in_flight += (unsigned)r;
         u->queued -= (unsigned)r;
+    }
+    if (u->queued == 0) {
+        u->seq_bytes = 0;
     }
     return r;
 }
@@ -126,8 +136,10 @@ static bool prep(Uring *u, QkAioReq *req)
         u->last_fd = req->fd;
         u->last_op = req->op;
         u->last_end = req->off + req_len(req);
+        u->seq_bytes = (continues ? u->seq_bytes : 0) + req_len(req);
     }
-    if (u->submit_batch && u->queued >= u->submit_batch && !continues) {
+    bool run_full = continues && u->seq_max && u->seq_bytes >= u->seq_max;
+    if ((u->submit_batch && u->queued >= u->submit_batch && !continues) || run_full) {
         submit_queued(u); /* a failure is the loop's next submit's to report */
     }
     return true;
@@ -327,6 +339,7 @@ void *qk_uring_backend_new(QkAioBackend *ops, int *errno_out)
     u->async_min = (size_t)qk_tunable(QK_TUNE_URING_ASYNC_MIN);
     u->async_min_write = (size_t)qk_tunable(QK_TUNE_URING_ASYNC_MIN_WRITE);
     u->submit_batch = (unsigned)qk_tunable(QK_TUNE_URING_SUBMIT_BATCH);
+    u->seq_max = (size_t)qk_tunable(QK_TUNE_URING_SEQ_MAX);
     u->last_fd = -1;
     u->use_writer = u->async_min_write && qk_tunable(QK_TUNE_URING_WRITER);
     ops->name = "io_uring";

@@ -67,6 +67,8 @@ int main(void)
     QK_CHECK_EQ(qk_set_tunable("bulk-read-direct", "0"), 0);
     QK_CHECK_EQ(qk_set_tunable("uring-submit-batch", "257"), -EINVAL);
     QK_CHECK_EQ(qk_set_tunable("uring-submit-batch", "1"), 0);
+    QK_CHECK_EQ(qk_set_tunable("uring-seq-max", "-5"), -EINVAL);
+    QK_CHECK_EQ(qk_set_tunable("uring-seq-max", "65536"), 0);
     img = qk_image_open(path, "raw", QK_IMAGE_RDWR, msg, sizeof(msg));
     QK_CHECK(img != NULL);
     if (img) {

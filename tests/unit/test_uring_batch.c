@@ -2,7 +2,8 @@
  * uring-submit-batch at N, the Nth request queued reaches the kernel
  * without the loop's submit (so it completes while the test only waits),
  * fewer than N do not, a sequential stream stays queued in one piece
- * until the loop submits, and at 0 nothing goes before the loop submits.
+ * until the loop submits unless it reaches uring-seq-max bytes, and at 0
+ * nothing goes before the loop submits.
  * Requests are reads of a file with known bytes; each completion enters a
  * coroutine that records the result. */
 #include "qktest.h"
@@ -64,9 +65,10 @@ static void check_reads(int n)
     }
 }
 
-static void *backend(QkAioBackend *ops, const char *batch)
+static void *backend(QkAioBackend *ops, const char *batch, const char *seq_max)
 {
     QK_CHECK_EQ(qk_tunable_set("uring-submit-batch", batch), 0);
+    QK_CHECK_EQ(qk_tunable_set("uring-seq-max", seq_max), 0);
     int e = 0;
     void *st = qk_uring_backend_new(ops, &e);
     if (!st) {
@@ -91,7 +93,7 @@ int main(void)
     QkAioBackend ops;
 
     /* Batches of 4: three scattered reads wait for the loop's submit... */
-    void *st = backend(&ops, "4");
+    void *st = backend(&ops, "4", "0");
     done = 0;
     for (int i = 0; i < 3; i++) {
         queue_read(&ops, st, fd, i, (uint64_t)scattered[i] * BLK);
@@ -113,8 +115,22 @@ int main(void)
     check_reads(NREQ);
     ops.destroy(st);
 
+    /* With uring-seq-max at three blocks the stream goes in pieces of
+     * three: six requests reach the kernel on their own, the last two
+     * wait for the loop's submit. */
+    st = backend(&ops, "4", "12288");
+    done = 0;
+    for (int i = 0; i < NREQ; i++) {
+        queue_read(&ops, st, fd, i, (uint64_t)(20 + i) * BLK);
+    }
+    QK_CHECK_EQ(reap_for(&ops, st, 7, 300), 6);
+    QK_CHECK_EQ(ops.submit(st), 2);
+    QK_CHECK_EQ(reap_for(&ops, st, NREQ, 5000), NREQ);
+    check_reads(NREQ);
+    ops.destroy(st);
+
     /* At 0, nothing reaches the kernel before the loop's submit. */
-    st = backend(&ops, "0");
+    st = backend(&ops, "0", "0");
     done = 0;
     for (int i = 0; i < NREQ; i++) {
         queue_read(&ops, st, fd, i, (uint64_t)scattered[i] * BLK);
