@@ -61,7 +61,7 @@ int qk_set_aio_backend(const char *name);
  *   bulk-read-direct (QCOWKIT_BULK_READ_DIRECT): 0 keeps a mirror's bulk
  *     reads of a page-cached file in the page cache (default 1)
  *   uring-submit-batch (QCOWKIT_URING_SUBMIT_BATCH): io_uring requests go
- *     to the kernel every this many (default 8; 0: only when the loop
+ *     to the kernel every this many (default 1; 0: only when the loop
  *     waits)
  *   uring-seq-max (QCOWKIT_URING_SEQ_MAX): a run of io_uring requests
  *     each continuing the last goes to the kernel once it holds this many

@@ -26,9 +26,9 @@ static const QkTunableInfo table[QK_TUNE__COUNT] = {
     [QK_TUNE_BULK_READ_DIRECT] = {"bulk-read-direct", "QCOWKIT_BULK_READ_DIRECT", 1, 1,
         "0 keeps a mirror's bulk reads of a page-cached file in the page cache instead of reading "
         "them with O_DIRECT (for measuring)."},
-    [QK_TUNE_URING_SUBMIT_BATCH] = {"uring-submit-batch", "QCOWKIT_URING_SUBMIT_BATCH", 8, 256,
+    [QK_TUNE_URING_SUBMIT_BATCH] = {"uring-submit-batch", "QCOWKIT_URING_SUBMIT_BATCH", 1, 256,
         "Requests are handed to the kernel every this many, not only when the event loop next "
-        "waits (default 8; 0: only then)."},
+        "waits (default 1: each as it is queued; 0: only then)."},
     [QK_TUNE_URING_SEQ_MAX] = {"uring-seq-max", "QCOWKIT_URING_SEQ_MAX", 256 << 10, INT32_MAX,
         "A sequential run of requests (each continuing the last) goes to the kernel once it holds "
         "this many bytes (default 262144; 0: only at the end of the run or the loop's next wait)."},
