@@ -135,8 +135,10 @@ ceph_start_osd() {
 
 ceph_kill_osd() {
   [ -n "$CEPH_OSD_PID" ] || return 0
-  kill -9 "$CEPH_OSD_PID" 2>/dev/null
-  wait "$CEPH_OSD_PID" 2>/dev/null
+  # A killed process's wait returns 137: under set -e (bench/rbd.sh's
+  # exit trap) that would end the caller before it cleans up.
+  kill -9 "$CEPH_OSD_PID" 2>/dev/null || true
+  wait "$CEPH_OSD_PID" 2>/dev/null || true
   CEPH_OSD_PID=""
 }
 
@@ -144,10 +146,10 @@ ceph_stop() {
   local p
   ceph_kill_osd
   for p in "${CEPH_PIDS[@]}"; do
-    kill "$p" 2>/dev/null
+    kill "$p" 2>/dev/null || true
   done
   for p in "${CEPH_PIDS[@]}"; do
-    wait "$p" 2>/dev/null
+    wait "$p" 2>/dev/null || true
   done
   CEPH_PIDS=()
 }
