@@ -4,8 +4,9 @@
  * back into one aligned buffer of their own; nothing is allocated per
  * request. The buffers are slices of one region that asks for transparent
  * huge pages, as a VM's RAM does under QEMU; --plain-buffers allocates
- * each separately, as qemu-img bench does. Latency goes into a fixed log-linear histogram (two clock reads
- * and one increment per request) so percentiles cost nothing at run time.
+ * each separately, as qemu-img bench does. Latency goes into a fixed
+ * log-linear histogram (two clock reads and one increment per request) so
+ * percentiles cost nothing at run time.
  */
 #include "cmd.h"
 #include "common/checked.h"
