@@ -62,7 +62,7 @@ int qk_set_aio_backend(const char *name);
  *     reads of a page-cached file in the page cache (default 1)
  *   uring-submit-batch (QCOWKIT_URING_SUBMIT_BATCH): io_uring requests go
  *     to the kernel every this many (default 1; 0: only when the loop
- *     waits)
+ *     waits, but for a sequential run that reaches uring-seq-max)
  *   uring-seq-max (QCOWKIT_URING_SEQ_MAX): a run of io_uring requests
  *     each continuing the last goes to the kernel once it holds this many
  *     bytes (default 262144; 0: the run stays queued whole)

@@ -38,11 +38,11 @@
  * rounds against 8: 4k random writes at depth 8 +13%, at depth 32 +6%,
  * reads at depth 128 +6%; `qcowkit serve` under fio's nbd engine, 4k
  * random reads at depth 32: 74-77K IOPS against 60-61K), so that is the
- * default. A request that continues the previous one
- * does not end a batch, so a sequential stream still reaches the block
- * layer in one piece and merges (4k sequential writes at depth 128 took
- * 26% longer when batches of 8 cut it up), up to seq_max bytes (256 KiB by
- * default): merged into one request of 512 KiB to 4 MiB, a deep stream
+ * default. A request that continues the previous one does not end a
+ * batch, so a sequential stream still reaches the block layer in one
+ * piece and merges (4k sequential writes at depth 128 took 26% longer
+ * when batches of 8 cut it up), up to seq_max bytes (256 KiB by default):
+ * merged into one request of 512 KiB to 4 MiB, a deep stream
  * kept this disk busy with one request at a time while the loop prepared
  * the next, where pieces of 256 KiB keep several at the device (5
  * alternating runs, cache=none: 4k writes at depth 128 390K -> 452K IOPS,

@@ -28,7 +28,8 @@ static const QkTunableInfo table[QK_TUNE__COUNT] = {
         "them with O_DIRECT (for measuring)."},
     [QK_TUNE_URING_SUBMIT_BATCH] = {"uring-submit-batch", "QCOWKIT_URING_SUBMIT_BATCH", 1, 256,
         "Requests are handed to the kernel every this many, not only when the event loop next "
-        "waits (default 1: each as it is queued; 0: only then)."},
+        "waits (default 1: each as it is queued; 0: only then, but for a sequential run that "
+        "reaches uring-seq-max)."},
     [QK_TUNE_URING_SEQ_MAX] = {"uring-seq-max", "QCOWKIT_URING_SEQ_MAX", 256 << 10, INT32_MAX,
         "A sequential run of requests (each continuing the last) goes to the kernel once it holds "
         "this many bytes (default 262144; 0: only at the end of the run or the loop's next wait)."},
