@@ -6,7 +6,10 @@
 # medians (min-max) of IOPS and the ratio qcowkit / qemu-nbd. The image
 # lives once on the disk and once on tmpfs: on the disk, buffered writes
 # can be bound by the file system's writeback for both servers alike; on
-# tmpfs the servers' own costs show.
+# tmpfs the servers' own costs show. A third column is the file's own
+# ceiling: fio (io_uring, O_DIRECT with cache=none) on the image file
+# itself, inside its largest run of guest data so the image stays valid:
+# the same blocks of the same disk, with no server and no format between.
 # Usage: bench/nbd.sh   (env: RUNTIME=10 REPS=3 SIZE=1G FORMAT=qcow2
 #                       CACHE=writeback|none (both servers; none: O_DIRECT,
 #                       qemu-nbd with --aio=native)
@@ -36,7 +39,20 @@ sock=$work/nbd.sock
 qemu-img create -q -f "$FORMAT" "$img" "$SIZE"
 # Fully allocate it so reads hit data and writes overwrite, for both.
 qemu-io -f "$FORMAT" -c "write -P 0x5a 0 $SIZE" "$img" >/dev/null
-
+# The largest host range of guest data (adjacent map entries merged).
+read -r cap_off cap_len < <(qemu-img map -f "$FORMAT" --output=json "$img" | python3 -c '
+import json, sys
+best, cur = (0, 0), None
+for e in json.load(sys.stdin):
+    if not e.get("data") or "offset" not in e:
+        cur = None
+        continue
+    if cur and cur[0] + cur[1] == e["offset"]:
+        cur = (cur[0], cur[1] + e["length"])
+    else:
+        cur = (e["offset"], e["length"])
+    best = max(best, cur, key=lambda r: r[1])
+print(*best)')
 
 start() { # qcowkit|qemu-nbd
   drop_caches
@@ -55,11 +71,13 @@ start() { # qcowkit|qemu-nbd
 }
 stop() { kill "$srv"; wait "$srv" 2>/dev/null || true; srv=""; }
 
-iops() { # rw
-  local key=read
-  [ "$1" = randwrite ] && key=write
-  fio --name=b --ioengine=nbd --uri="nbd+unix:///b?socket=$sock" --rw="$1" --bs=4k \
-      --iodepth=32 --size="$SIZE" --time_based=1 --runtime="$RUNTIME" --ramp_time=1 \
+iops() { # rw [fio target options...]; default: the NBD export
+  local key=read rw=$1
+  [ "$rw" = randwrite ] && key=write
+  shift
+  [ $# -gt 0 ] || set -- --ioengine=nbd --uri="nbd+unix:///b?socket=$sock" --size="$SIZE"
+  fio --name=b "$@" --rw="$rw" --bs=4k \
+      --iodepth=32 --time_based=1 --runtime="$RUNTIME" --ramp_time=1 \
       --output-format=json 2>/dev/null |
     sed -n '/^{/,$p' | python3 -c "import json,sys; print(int(json.load(sys.stdin)['jobs'][0]['$key']['iops']))"
 }
@@ -73,25 +91,36 @@ for rep in $(seq "$REPS"); do
     done
     stop
   done
+  drop_caches
+  direct=0
+  [ "$CACHE" = none ] && direct=1
+  for rw in randread randwrite; do
+    res[file,$rw]+="$(iops "$rw" --ioengine=io_uring --filename="$img" --direct=$direct \
+                      --offset="$cap_off" --size="$cap_len") "
+  done
   echo "round $rep done" >&2
 done
 
 python3 - "$FORMAT" "$SIZE" "$RUNTIME" "$REPS" "$1" \
   "${res[qcowkit,randread]}" "${res[qemu-nbd,randread]}" \
-  "${res[qcowkit,randwrite]}" "${res[qemu-nbd,randwrite]}" <<'PY'
+  "${res[qcowkit,randwrite]}" "${res[qemu-nbd,randwrite]}" \
+  "${res[file,randread]}" "${res[file,randwrite]}" "$cap_len" <<'PY'
 import statistics, sys
 fmt, size, rt, reps, where = sys.argv[1:6]
-vals = [list(map(int, a.split())) for a in sys.argv[6:10]]
+vals = [list(map(int, a.split())) for a in sys.argv[6:12]]
+cap_mib = int(sys.argv[12]) >> 20
 def cell(v):
     return f"{int(statistics.median(v))} ({min(v)}-{max(v)})"
 import os
 aio = os.environ.get("QK_AIO") or "default (io_uring)"
 cache = os.environ.get("CACHE") or "writeback"
-print(f"fio nbd engine, 4k, iodepth 32, {rt}s x {reps} per cell, {fmt} image of {size} in {where}, cache={cache}, unix socket, qcowkit aio {aio}\n")
-print("| workload | qcowkit serve IOPS | qemu-nbd IOPS | ratio |")
-print("|---|---|---|---|")
-for name, qk, qm in (("randread", vals[0], vals[1]), ("randwrite", vals[2], vals[3])):
-    print(f"| {name} | {cell(qk)} | {cell(qm)} | {statistics.median(qk) / statistics.median(qm):.2f}x |")
+print(f"fio nbd engine, 4k, iodepth 32, {rt}s x {reps} per cell, {fmt} image of {size} in {where}, cache={cache}, unix socket, qcowkit aio {aio}; "
+      f"the file's ceiling: fio io_uring{' O_DIRECT' if cache == 'none' else ''} on {cap_mib} MiB of the image file's guest data\n")
+print("| workload | qcowkit serve IOPS | qemu-nbd IOPS | ratio | the file's ceiling (fio on it) | qcowkit / ceiling | qemu-nbd / ceiling |")
+print("|---|---|---|---|---|---|---|")
+for name, qk, qm, f in (("randread", vals[0], vals[1], vals[4]), ("randwrite", vals[2], vals[3], vals[5])):
+    m = statistics.median
+    print(f"| {name} | {cell(qk)} | {cell(qm)} | {m(qk) / m(qm):.2f}x | {cell(f)} | {m(qk) / m(f):.2f} | {m(qm) / m(f):.2f} |")
 PY
 rm -rf "$work"; work=""
 }
