@@ -103,6 +103,14 @@ struct QkBlock {
     QkCoQueue quiesce_waiters;
 };
 
+/* The alignment of a buffer for I/O on bs: its own need, and at least a
+ * page, so a buffer spans no more pages than its length needs (a 4 KiB
+ * buffer on a 512-byte boundary reaches the device as two segments). */
+static inline size_t qk_block_buf_align(const QkBlock *bs)
+{
+    return bs->mem_alignment > 4096u ? bs->mem_alignment : 4096u;
+}
+
 /* Kinds of modification seen by write hooks. */
 typedef enum QkWriteKind {
     QK_WRITE_DATA,

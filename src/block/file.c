@@ -521,7 +521,7 @@ static int coroutine_fn file_truncate(QkBlock *bs, uint64_t size, QkPrealloc pre
         if (prealloc == QK_PREALLOC_FULL) {
             /* Write real zeros so the blocks are not just reserved. */
             size_t chunk = 1 << 20;
-            char *z = qk_aligned_zalloc(bs->mem_alignment > 4096 ? bs->mem_alignment : 4096, chunk);
+            char *z = qk_aligned_zalloc(qk_block_buf_align(bs), chunk);
             if (!z) {
                 return qk_error_set(err, -ENOMEM, "out of memory");
             }

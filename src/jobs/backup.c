@@ -503,7 +503,7 @@ QkJob *coroutine_fn qk_backup_start(const char *id, QkBlock *source, QkBlock *ta
     b->todo = calloc(words, sizeof(uint64_t));
     b->busy = calloc(words, sizeof(uint64_t));
     b->pool = qk_task_pool_new(IN_FLIGHT);
-    b->buf_align = QK_MAX(QK_MAX(source->mem_alignment, target->mem_alignment), 4096u);
+    b->buf_align = QK_MAX(qk_block_buf_align(source), qk_block_buf_align(target));
     qk_co_queue_init(&b->busy_waiters);
     qk_co_queue_init(&b->snap_waiters);
     if (!b->todo || !b->busy || !b->pool) {

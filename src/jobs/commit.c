@@ -110,7 +110,7 @@ int coroutine_fn qk_co_commit_copy(QkBlock *top, int base_depth, QkBlock *base,
             return r;
         }
     }
-    c.ret = qk_co_run_slices(c.size, SLICE, opts->workers, MAX_IO, QK_MAX(4096u, top->mem_alignment),
+    c.ret = qk_co_run_slices(c.size, SLICE, opts->workers, MAX_IO, qk_block_buf_align(top),
                              copy_slice, &c);
     if (c.ret == 0) {
         c.ret = qk_co_flush(base);

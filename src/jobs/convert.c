@@ -407,7 +407,7 @@ int coroutine_fn qk_co_convert(const QkConvertOptions *o, QkError *err)
     if (!r.start) {
         return qk_error_set(err, -ENOMEM, "out of memory");
     }
-    size_t align = QK_MAX(4096u, o->dst->mem_alignment);
+    size_t align = qk_block_buf_align(o->dst);
     for (int i = 0; i < o->nb_src; i++) {
         int64_t len = qk_block_length(o->src[i]);
         if (len < 0) {

@@ -808,7 +808,7 @@ QkJob *qk_mirror_start(const char *id, QkBlock *source, QkBlock *target,
     /* buf_size bounds the memory of all copies in flight together. */
     m->max_op = QK_MAX(qk_align_down(QK_MIN(o.buf_size / (uint64_t)o.max_in_flight, 16ULL << 20), m->gran),
                        m->gran);
-    m->buf_align = QK_MAX(QK_MAX(source->mem_alignment, target->mem_alignment), 4096u);
+    m->buf_align = QK_MAX(qk_block_buf_align(source), qk_block_buf_align(target));
     m->pool = qk_task_pool_new(o.max_in_flight);
     m->bufs = calloc((size_t)o.max_in_flight, sizeof(*m->bufs));
     if (!m->pool || !m->bufs || qk_job_init(&m->job, &mirror_driver, id, err) < 0) {

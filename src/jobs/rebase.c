@@ -186,7 +186,7 @@ int coroutine_fn qk_co_rebase_copy(QkBlock *top, QkBlock *new_backing, const QkR
      * two is a multiple of the other, and SLICE of both. */
     r.io = QK_MAX((uint32_t)MAX_IO, r.unit);
     int ret = qk_co_run_slices(r.size, SLICE, opts->workers, 2 * (size_t)r.io,
-                               QK_MAX(4096u, top->mem_alignment), rebase_slice, &r);
+                               qk_block_buf_align(top), rebase_slice, &r);
     if (ret == 0) {
         ret = qk_co_flush(top);
     }

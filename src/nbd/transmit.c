@@ -170,7 +170,7 @@ static int coroutine_fn do_read(Req *q, QkBlock *bs)
         struct iovec iov = {h, sizeof(h)};
         return send_iov(c, &iov, 1);
     }
-    uint8_t *buf = qk_aligned_alloc(QK_MAX(bs->mem_alignment, 4096u), r->length);
+    uint8_t *buf = qk_aligned_alloc(qk_block_buf_align(bs), r->length);
     if (!buf) {
         return send_error(c, r, -ENOMEM);
     }
@@ -343,7 +343,7 @@ static int coroutine_fn do_cache(QkBlock *bs, uint64_t off, uint32_t len)
     if (chunk == 0) {
         return 0;
     }
-    void *buf = qk_aligned_alloc(QK_MAX(bs->mem_alignment, 4096u), chunk);
+    void *buf = qk_aligned_alloc(qk_block_buf_align(bs), chunk);
     if (!buf) {
         return -ENOMEM;
     }
@@ -427,7 +427,7 @@ static int coroutine_fn read_payload(QkNbdClient *c, Req *q)
     if (q->r.length == 0) {
         return 0;
     }
-    q->buf = qk_aligned_alloc(QK_MAX(c->exp->bs->mem_alignment, 4096u), q->r.length);
+    q->buf = qk_aligned_alloc(qk_block_buf_align(c->exp->bs), q->r.length);
     if (!q->buf) {
         q->early_error = -ENOMEM;
         return qk_co_sock_skip(c->rd, q->r.length);

@@ -107,7 +107,7 @@ static int coroutine_fn load_data(Qcow2State *s, const Qcow2BmEntry *e, QkDirtyB
     uint64_t cs = s->cluster_size;
     uint64_t n = e->table_size;
     uint64_t *t = malloc(n * 8);
-    uint8_t *buf = qk_aligned_alloc(QK_MAX(4096u, s->bs->file->mem_alignment), cs);
+    uint8_t *buf = qk_aligned_alloc(qk_block_buf_align(s->bs->file), cs);
     int r = t && buf ? qk_co_pread(s->bs->file, e->table_off, n * 8, t, 0) : -ENOMEM;
     uint64_t chunks_per_cluster = cs * 8;
     uint64_t total = data_bytes(s->bs->size, e->gbits);
@@ -335,8 +335,8 @@ static int coroutine_fn write_bitmap(Qcow2State *s, const QkDirtyBitmap *bm, Qco
     uint64_t n = table_entries(s, s->bs->size, gbits);
     uint64_t total = data_bytes(s->bs->size, gbits);
     uint64_t tbytes = qk_align_up(n * 8, cs);
-    uint64_t *t = qk_aligned_zalloc(QK_MAX(4096u, s->bs->file->mem_alignment), tbytes ? tbytes : cs);
-    uint8_t *buf = qk_aligned_alloc(QK_MAX(4096u, s->bs->file->mem_alignment), cs);
+    uint64_t *t = qk_aligned_zalloc(qk_block_buf_align(s->bs->file), tbytes ? tbytes : cs);
+    uint8_t *buf = qk_aligned_alloc(qk_block_buf_align(s->bs->file), cs);
     int r = t && buf ? 0 : -ENOMEM;
     for (uint64_t i = 0; r == 0 && i < n; i++) {
         uint64_t len = QK_MIN(cs, total - i * cs);
@@ -522,7 +522,7 @@ int coroutine_fn qcow2_bitmaps_store(QkBlock *bs, QkError *err)
     uint64_t dir_off = 0;
     if (r == 0 && n) {
         uint64_t alloc = qk_align_up(dir_size, s->cluster_size);
-        uint8_t *buf = qk_aligned_zalloc(QK_MAX(4096u, bs->file->mem_alignment), alloc);
+        uint8_t *buf = qk_aligned_zalloc(qk_block_buf_align(bs->file), alloc);
         r = buf ? 0 : -ENOMEM;
         if (r == 0) {
             qcow2_bitmap_dir_layout(ne, n, buf);

@@ -102,7 +102,7 @@ Qcow2Cache *qcow2_cache_new(Qcow2State *s, unsigned entries)
     }
     c->e = calloc(entries, sizeof(Entry));
     c->buckets = malloc(sizeof(int) * c->nbuckets);
-    c->data = qk_aligned_alloc(QK_MAX(4096u, s->bs->mem_alignment), (size_t)entries * c->table_size);
+    c->data = qk_aligned_alloc(qk_block_buf_align(s->bs), (size_t)entries * c->table_size);
     if (!c->e || !c->buckets || !c->data) {
         qcow2_cache_free(c);
         return NULL;
@@ -249,7 +249,7 @@ static int coroutine_fn write_entry(Qcow2Cache *c, int i)
     void *copy = c->spare;
     c->spare = NULL;
     if (!copy) {
-        copy = qk_aligned_alloc(QK_MAX(4096u, c->s->bs->mem_alignment), c->table_size);
+        copy = qk_aligned_alloc(qk_block_buf_align(c->s->bs), c->table_size);
         if (!copy) {
             return -ENOMEM;
         }

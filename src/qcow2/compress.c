@@ -343,7 +343,7 @@ int coroutine_fn qcow2_co_pwritev_compressed(QkBlock *bs, uint64_t off, uint64_t
          * (it waits for every task): a whole cluster in one piece is
          * compressed from there, without a copy. */
         const uint8_t *src = n == cs ? contiguous(qiov, qoff + done, cs) : NULL;
-        uint8_t *buf = src ? NULL : qk_aligned_alloc(QK_MAX(4096u, bs->mem_alignment), cs);
+        uint8_t *buf = src ? NULL : qk_aligned_alloc(qk_block_buf_align(bs), cs);
         uint8_t *out = malloc(cs + SECTOR);
         if (!t || (!src && !buf) || !out) {
             free(t);

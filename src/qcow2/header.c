@@ -506,7 +506,7 @@ static int coroutine_fn rewrite_cluster0(QkBlock *bs, const Qcow2Header *nh, con
     if (!name) {
         fmt = NULL;
     }
-    uint8_t *c0 = qk_aligned_alloc(QK_MAX(4096u, bs->file->mem_alignment), s->cluster_size);
+    uint8_t *c0 = qk_aligned_alloc(qk_block_buf_align(bs->file), s->cluster_size);
     if (!c0) {
         return qk_error_set(err, -ENOMEM, "out of memory");
     }

@@ -188,7 +188,7 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
     }
     s->l2_cache = qcow2_cache_new(s, (unsigned)QK_MIN(l2_entries, 1u << 20));
     s->rb_cache = qcow2_cache_new(s, (unsigned)QK_MIN(rb_entries, 1u << 20));
-    s->zero_buf = qk_aligned_zalloc(QK_MAX(4096u, bs->mem_alignment), s->cluster_size);
+    s->zero_buf = qk_aligned_zalloc(qk_block_buf_align(bs), s->cluster_size);
     if (!s->l2_cache || !s->rb_cache || !s->zero_buf) {
         r = qk_error_set(err, -ENOMEM, "out of memory");
         goto fail;

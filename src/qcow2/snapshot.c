@@ -184,7 +184,7 @@ int coroutine_fn qcow2_walk_l1(Qcow2State *s, uint64_t *l1, uint64_t n, int adde
 static int coroutine_fn write_l1(Qcow2State *s, uint64_t off, const uint64_t *l1, uint64_t n, bool strip_copied)
 {
     uint64_t bytes = qk_align_up(QK_MAX(n * 8, 1), s->cluster_size);
-    uint64_t *be = qk_aligned_zalloc(QK_MAX(4096u, s->bs->mem_alignment), bytes);
+    uint64_t *be = qk_aligned_zalloc(qk_block_buf_align(s->bs), bytes);
     if (!be) {
         return -ENOMEM;
     }

@@ -210,7 +210,7 @@ int coroutine_fn qcow2_snapshots_write(Qcow2State *s, const Qcow2Snapshot *sn, u
     int64_t off = 0;
     int r = 0;
     if (n) {
-        buf = qk_aligned_zalloc(QK_MAX(4096u, s->bs->mem_alignment), nclusters * s->cluster_size);
+        buf = qk_aligned_zalloc(qk_block_buf_align(s->bs), nclusters * s->cluster_size);
         if (!buf) {
             return qk_error_set(err, -ENOMEM, "out of memory");
         }
