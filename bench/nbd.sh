@@ -2,8 +2,9 @@
 # NBD server benchmark: fio's nbd engine, 4k random reads and writes at
 # queue depth 32, against `qcowkit serve` and `qemu-nbd` exporting the
 # same image over a unix socket. The servers take turns (never both on the
-# image at once), each run is RUNTIME seconds, REPS rounds; the table shows
-# medians (min-max) of IOPS and the ratio qcowkit / qemu-nbd. The image
+# image at once; who goes first rotates per round), each run is RUNTIME
+# seconds, REPS rounds; the table shows medians (min-max) of IOPS and the
+# ratio qcowkit / qemu-nbd. The image
 # lives once on the disk and once on tmpfs: on the disk, buffered writes
 # can be bound by the file system's writeback for both servers alike; on
 # tmpfs the servers' own costs show. A third column is the file's own
@@ -83,20 +84,27 @@ iops() { # rw [fio target options...]; default: the NBD export
 }
 
 declare -A res
+direct=0
+[ "$CACHE" = none ] && direct=1
+systems=(qcowkit qemu-nbd file)
 for rep in $(seq "$REPS"); do
-  for s in qcowkit qemu-nbd; do
+  # Who goes first rotates per round, so a disk that drifts during a
+  # round favours no one.
+  k=$(( (rep - 1) % ${#systems[@]} ))
+  for s in "${systems[@]:k}" "${systems[@]:0:k}"; do
+    if [ "$s" = file ]; then
+      drop_caches
+      for rw in randread randwrite; do
+        res[file,$rw]+="$(iops "$rw" --ioengine=io_uring --filename="$img" --direct=$direct \
+                          --offset="$cap_off" --size="$cap_len") "
+      done
+      continue
+    fi
     start "$s"
     for rw in randread randwrite; do
       res[$s,$rw]+="$(iops "$rw") "
     done
     stop
-  done
-  drop_caches
-  direct=0
-  [ "$CACHE" = none ] && direct=1
-  for rw in randread randwrite; do
-    res[file,$rw]+="$(iops "$rw" --ioengine=io_uring --filename="$img" --direct=$direct \
-                      --offset="$cap_off" --size="$cap_len") "
   done
   echo "round $rep done" >&2
 done

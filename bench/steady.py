@@ -7,10 +7,11 @@ file. qcowkit bench runs twice: with its default buffers (one region
 advised to use huge pages, as a VM's RAM is) and with --plain-buffers
 (one allocation per request buffer, as qemu-img bench does), so the
 engine alone compares with the latter. Systems alternate within each
-run; every row is repeated (default 5 runs) and medians are shown. Next to each system's IOPS the device's own
-view of its run (from /sys/block/DEV/stat): the average queue depth and
-the average device time per request, so a reader can tell whether a
-difference comes from the device or from the host.
+run; every row is repeated (default 5 runs) and medians are shown. Next
+to each system's IOPS the device's own view of its run (from
+/sys/block/DEV/stat): the average queue depth and the average device
+time per request, so a reader can tell whether a difference comes from
+the device or from the host.
 
 Usage: bench/steady.py [--runs N] [--quick] [--only REGEX] [--dir SCRATCH] [--out DIR]
 """
