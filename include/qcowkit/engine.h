@@ -132,6 +132,7 @@ typedef enum QkTunable {
     QK_TUNE_BULK_READ_DIRECT,
     QK_TUNE_URING_SUBMIT_BATCH,
     QK_TUNE_URING_SEQ_MAX,
+    QK_TUNE_LOOP_REAP_BATCH,
     QK_TUNE__COUNT,
 } QkTunable;
 

@@ -17,8 +17,10 @@ typedef struct QkAioBackend {
     void (*queue)(void *st, QkAioReq *req);
     /* Pushes queued requests; returns how many are in flight afterwards. */
     unsigned (*submit)(void *st);
-    /* Completes whatever finished, without blocking; returns the count. */
-    unsigned (*reap)(void *st);
+    /* Completes what finished, at most max requests (0: all), without
+     * blocking; returns the count. 0 means nothing was ready: requests
+     * left over by max are reaped by the next call, never lost to it. */
+    unsigned (*reap)(void *st, unsigned max);
     /* Blocks until a completion or timeout_ns (<0 forever) when this
      * backend is the only event source; NULL if it cannot. */
     void (*wait)(void *st, int64_t timeout_ns);

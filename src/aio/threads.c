@@ -27,6 +27,7 @@ typedef struct Threads {
     pthread_cond_t cond;
     QkAioReq *todo_head, *todo_tail;
     QkAioReq *done;        /* LIFO of completed requests */
+    QkAioReq *reaped;      /* taken from done in order, not completed yet (reap's max) */
     QkAioReq *local_head, *local_tail; /* queued this iteration, not yet handed over */
     unsigned workers, idle, max_workers;
     int nice;              /* of every worker; 0: the loop thread's */
@@ -158,22 +159,26 @@ static unsigned threads_submit(void *st)
     return t->in_flight;
 }
 
-static unsigned threads_reap(void *st)
+static unsigned threads_reap(void *st, unsigned max)
 {
     Threads *t = st;
     uint64_t v;
-    if (read(t->efd, &v, sizeof(v)) < 0 && errno == EAGAIN) {
-        return 0;
+    if (!t->reaped) {
+        if (read(t->efd, &v, sizeof(v)) < 0 && errno == EAGAIN) {
+            return 0;
+        }
+        pthread_mutex_lock(&t->lock);
+        QkAioReq *list = t->done;
+        t->done = NULL;
+        pthread_mutex_unlock(&t->lock);
+        t->reaped = qk_aio_list_reverse(list);
     }
-    pthread_mutex_lock(&t->lock);
-    QkAioReq *list = t->done;
-    t->done = NULL;
-    pthread_mutex_unlock(&t->lock);
-    QkAioReq *rev = qk_aio_list_reverse(list);
+    /* What max leaves stays in reaped: the eventfd was read already, so
+     * only this list remembers it (the loop reaps again before it sleeps). */
     unsigned n = 0;
-    while (rev) {
-        QkAioReq *r = rev;
-        rev = r->next;
+    while (t->reaped && (!max || n < max)) {
+        QkAioReq *r = t->reaped;
+        t->reaped = r->next;
         t->in_flight--;
         n++;
         qk_aio_complete(r, r->result);

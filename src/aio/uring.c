@@ -243,12 +243,12 @@ static unsigned uring_submit(void *st)
     return u->in_flight + u->queued;
 }
 
-static unsigned uring_reap(void *st)
+static unsigned uring_reap(void *st, unsigned max)
 {
     Uring *u = st;
     unsigned n = 0;
     struct io_uring_cqe *cqe;
-    while (io_uring_peek_cqe(&u->ring, &cqe) == 0) {
+    while ((!max || n < max) && io_uring_peek_cqe(&u->ring, &cqe) == 0) {
         QkAioReq *req = io_uring_cqe_get_data(cqe);
         int64_t res = cqe->res;
         io_uring_cqe_seen(&u->ring, cqe);

@@ -69,6 +69,8 @@ int main(void)
     QK_CHECK_EQ(qk_set_tunable("uring-submit-batch", "1"), 0);
     QK_CHECK_EQ(qk_set_tunable("uring-seq-max", "-5"), -EINVAL);
     QK_CHECK_EQ(qk_set_tunable("uring-seq-max", "65536"), 0);
+    QK_CHECK_EQ(qk_set_tunable("loop-reap-batch", "4097"), -EINVAL);
+    QK_CHECK_EQ(qk_set_tunable("loop-reap-batch", "2"), 0);
     img = qk_image_open(path, "raw", QK_IMAGE_RDWR, msg, sizeof(msg));
     QK_CHECK(img != NULL);
     if (img) {

@@ -49,9 +49,9 @@ static int reap_for(QkAioBackend *ops, void *st, int want, int ms)
 {
     for (int t = 0; t < ms && done < want; t += 10) {
         ops->wait(st, 10 * 1000 * 1000);
-        ops->reap(st);
+        ops->reap(st, 0);
     }
-    ops->reap(st);
+    ops->reap(st, 0);
     return done;
 }
 
