@@ -171,7 +171,8 @@ enum {
     QK_REQ_MAY_UNMAP = 1 << 1,     /* zero write may deallocate */
     QK_REQ_NO_FALLBACK = 1 << 2,   /* zero write: fail with -ENOTSUP rather than write zeros */
     /* Read: part of a bulk copy that will not be read again soon; a
-     * page-cached file may serve an aligned one with O_DIRECT. */
+     * page-cached file may serve an aligned one with O_DIRECT (unless most of
+     * the range is in the page cache already). */
     QK_REQ_BULK_READ = 1 << 3,
     /* Write: store compressed. off is cluster-aligned and bytes whole
      * clusters (the last may end at the image's end); -ENOTSUP where the

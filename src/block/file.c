@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -203,6 +204,15 @@ static int coroutine_fn host_write_full(FileState *s, uint64_t off, QkIov *q)
  * opened on first use; a file system that refuses O_DIRECT keeps the
  * buffered path, as does the bulk-read-direct tunable set to 0.
  *
+ * Not when most of the range is in the page cache already: then a
+ * buffered read is a copy from memory plus the few missing pages, where a
+ * direct one reads it all from the disk again (and writes dirty pages
+ * back first). Importing a cached 4 GiB qcow2 into RBD with the OSD on
+ * the same disk read 1.6 GB from the disk with every bulk read direct,
+ * while qemu-img's buffered reads took 0.2 GB. "Most": the page cache
+ * drops a page here and there under memory pressure (a quarter of that
+ * image's 2 MiB pieces missed 2 to 32 of their 512 pages).
+ *
  * Only while nobody writes the file through the page cache, though: a
  * direct read first writes back the range's dirty pages and waits for
  * them, under the inode lock buffered writes need too, so a guest writing
@@ -228,6 +238,36 @@ static int bulk_fd(QkBlock *bs, FileState *s)
     return s->bulk_fd;
 }
 
+#ifndef __NR_cachestat
+#define __NR_cachestat 451 /* the same number on every architecture (Linux 6.5) */
+#endif
+
+/* Whether at least half the pages of [off, off + len) are in the page
+ * cache, by cachestat(2); false where the kernel cannot tell (before
+ * 6.5). One system call, no copy. */
+static bool range_mostly_cached(int fd, uint64_t off, uint64_t len)
+{
+    static int unsupported;
+    if (__atomic_load_n(&unsupported, __ATOMIC_RELAXED)) {
+        return false;
+    }
+    struct {
+        uint64_t off, len;
+    } range = {off, len};
+    struct {
+        uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+    } cs;
+    if (syscall(__NR_cachestat, fd, &range, &cs, 0) < 0) {
+        if (errno == ENOSYS) {
+            __atomic_store_n(&unsupported, 1, __ATOMIC_RELAXED);
+        }
+        return false;
+    }
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t pages = (off + len + page - 1) / page - off / page;
+    return cs.nr_cache * 2 >= pages;
+}
+
 static bool needs_bounce(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *q)
 {
     uint64_t a = bs->request_alignment;
@@ -248,7 +288,8 @@ static int coroutine_fn file_preadv(QkBlock *bs, uint64_t off, uint64_t bytes, Q
     int r;
     if ((flags & QK_REQ_BULK_READ) && !s->direct && !s->is_block_dev &&
         qk_clock_ns() - s->last_write_ns > BULK_QUIET_NS && qk_is_aligned(off, BULK_ALIGN) &&
-        qk_is_aligned(bytes, BULK_ALIGN) && qk_iov_is_aligned(&sub, BULK_ALIGN) && bulk_fd(bs, s) >= 0) {
+        qk_is_aligned(bytes, BULK_ALIGN) && qk_iov_is_aligned(&sub, BULK_ALIGN) && bulk_fd(bs, s) >= 0 &&
+        !range_mostly_cached(s->fd, off, bytes)) {
         r = host_rw_fd(s->bulk_fd, true, off, &sub, false);
     } else if (!needs_bounce(bs, off, bytes, &sub)) {
         r = host_read_full(s, off, &sub);

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define FSIZE (1 << 20)
@@ -126,6 +127,16 @@ static void coroutine_fn read_back_co(void *opaque)
     qk_co_block_close(b);
 }
 
+/* Opens PATH as a raw read-write node (NULL with a failed check). */
+static QkBlock *coroutine_fn open_rw(const char *path)
+{
+    QkError err = {0};
+    QkOpenOptions o = {.flags = QK_OPEN_RDWR, .format = "raw"};
+    QkBlock *b = qk_co_block_open(path, &o, &err);
+    QK_CHECK(b != NULL);
+    return b;
+}
+
 /* QK_REQ_BULK_READ on a file opened through the page cache: right after a
  * write the reads stay buffered; once writes have stopped for a second,
  * aligned ones go through the O_DIRECT descriptor and must still see the
@@ -133,11 +144,7 @@ static void coroutine_fn read_back_co(void *opaque)
  * unaligned ones stay buffered. All must read what was written. */
 static void coroutine_fn bulk_read_co(void *opaque)
 {
-    const char *path = opaque;
-    QkError err = {0};
-    QkOpenOptions o = {.flags = QK_OPEN_RDWR, .format = "raw"};
-    QkBlock *b = qk_co_block_open(path, &o, &err);
-    QK_CHECK(b != NULL);
+    QkBlock *b = open_rw(opaque);
     if (!b) {
         return;
     }
@@ -172,6 +179,123 @@ static void coroutine_fn bulk_read_co(void *opaque)
     QK_CHECK(qk_buf_is_zero(r1 + 4096, 4096));
     free(w);
     free(r1);
+    qk_co_block_close(b);
+}
+
+typedef struct CacheStat {
+    uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+} CacheStat;
+
+/* cachestat(2) of a range of PATH; false where the kernel has none. */
+static bool cache_stat(const char *path, uint64_t off, uint64_t len, CacheStat *cs)
+{
+    struct {
+        uint64_t off, len;
+    } range = {off, len};
+    int fd = open(path, O_RDONLY);
+    bool ok = fd >= 0 && syscall(451 /* cachestat */, fd, &range, cs, 0) == 0;
+    if (fd >= 0) {
+        close(fd);
+    }
+    return ok;
+}
+
+/* Drops [off, off + len) of PATH from the page cache (written back first). */
+static void evict(const char *path, uint64_t off, uint64_t len)
+{
+    int fd = open(path, O_RDONLY);
+    QK_CHECK(fd >= 0);
+    QK_CHECK_EQ(fdatasync(fd), 0);
+    QK_CHECK_EQ(posix_fadvise(fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED), 0);
+    close(fd);
+}
+
+/* QK_REQ_BULK_READ and the page cache, once writes have been quiet for a
+ * second: a range mostly in the cache is read through it (its dirty pages
+ * stay dirty, a missing page is read in), a range mostly not in it goes
+ * O_DIRECT and leaves the cache as it was. Every read returns what was
+ * written. A direct read of the dirty range would have written it back;
+ * a buffered read of the others would have filled the cache. */
+static void coroutine_fn bulk_cache_co(void *opaque)
+{
+    const char *path = opaque;
+    CacheStat cs;
+    if (!cache_stat(path, 0, 4096, &cs)) {
+        printf("bulk reads and the page cache: not checked, no cachestat(2) here\n");
+        return;
+    }
+    int dfd = open(path, O_RDONLY | O_DIRECT);
+    if (dfd < 0) {
+        printf("bulk reads and the page cache: not checked, no O_DIRECT here\n");
+        return;
+    }
+    close(dfd);
+    QkBlock *b = open_rw(path);
+    if (!b) {
+        return;
+    }
+    QkError err = {0};
+    enum { N = 256 << 10, PAGES = N / 4096 };
+    const uint64_t dirty_off = 1 << 20, clean_off = 2 << 20;
+    unsigned char *w = qk_aligned_alloc(4096, 2 * N), *r = qk_aligned_alloc(4096, N);
+    for (int i = 0; i < 2 * N; i++) {
+        w[i] = (unsigned char)(i * 13 + (i >> 12));
+    }
+    QK_CHECK_EQ(qk_co_truncate(b, 4 << 20, QK_PREALLOC_OFF, &err), 0);
+    QK_CHECK_EQ(qk_co_pwrite(b, clean_off, N, w + N, 0), 0);
+    QK_CHECK_EQ(qk_co_flush(b), 0);
+    QK_CHECK_EQ(qk_co_pwrite(b, dirty_off, N, w, 0), 0);
+    qk_co_sleep_ns(1100 * 1000 * 1000LL); /* writes quiet: bulk reads may go direct */
+
+    /* Cached and dirty: read through the cache, still dirty after. */
+    QK_CHECK(cache_stat(path, dirty_off, N, &cs));
+    uint64_t dirty = cs.nr_dirty;
+    QK_CHECK_EQ(qk_co_pread(b, dirty_off, N, r, QK_REQ_BULK_READ), 0);
+    QK_CHECK(memcmp(r, w, N) == 0);
+    QK_CHECK(cache_stat(path, dirty_off, N, &cs));
+    if (dirty == 0) {
+        printf("bulk reads and the page cache: the dirty pages were written back before the read\n");
+    } else {
+        QK_CHECK_EQ(cs.nr_dirty, dirty);
+    }
+
+    /* Not cached at all: direct, and the cache stays empty. */
+    evict(path, clean_off, N);
+    QK_CHECK(cache_stat(path, clean_off, N, &cs));
+    if (cs.nr_cache == 0) {
+        QK_CHECK_EQ(qk_co_pread(b, clean_off, N, r, QK_REQ_BULK_READ), 0);
+        QK_CHECK(memcmp(r, w + N, N) == 0);
+        QK_CHECK(cache_stat(path, clean_off, N, &cs));
+        QK_CHECK_EQ(cs.nr_cache, 0u);
+    }
+
+    /* All but one page cached: through the cache, which reads the page in. */
+    memset(r, 0, N);
+    QK_CHECK_EQ(qk_co_pread(b, clean_off, N, r, 0), 0); /* a plain read fills the cache */
+    evict(path, clean_off + 4096, 4096);
+    QK_CHECK(cache_stat(path, clean_off, N, &cs));
+    if (cs.nr_cache == PAGES - 1) {
+        QK_CHECK_EQ(qk_co_pread(b, clean_off, N, r, QK_REQ_BULK_READ), 0);
+        QK_CHECK(memcmp(r, w + N, N) == 0);
+        QK_CHECK(cache_stat(path, clean_off, N, &cs));
+        QK_CHECK_EQ(cs.nr_cache, (uint64_t)PAGES);
+    }
+
+    /* One page cached: direct, the other pages stay out. */
+    evict(path, clean_off, N);
+    QK_CHECK_EQ(qk_co_pread(b, clean_off, 4096, r, 0), 0);
+    QK_CHECK(cache_stat(path, clean_off, N, &cs));
+    if (cs.nr_cache == 1) {
+        QK_CHECK_EQ(qk_co_pread(b, clean_off, N, r, QK_REQ_BULK_READ), 0);
+        QK_CHECK(memcmp(r, w + N, N) == 0);
+        QK_CHECK(cache_stat(path, clean_off, N, &cs));
+        QK_CHECK_EQ(cs.nr_cache, 1u);
+    } else {
+        printf("bulk reads and the page cache: read-ahead brought in %llu pages, the direct case not checked\n",
+               (unsigned long long)cs.nr_cache);
+    }
+    free(w);
+    free(r);
     qk_co_block_close(b);
 }
 
@@ -326,6 +450,7 @@ int main(void)
         qk_co_run(read_back_co, path);
     }
     qk_co_run(bulk_read_co, path);
+    qk_co_run(bulk_cache_co, path);
     qk_co_run(background_co, path);
     many_files(dir ? dir : ".");
     QkError err = {0};
