@@ -79,8 +79,16 @@ int main(int argc, char **argv)
             int slot = free_slots[--nfree];
             struct iovec iov = {bufs + (uint64_t)slot * ((size + 4095) & ~4095ULL), size};
             uint64_t off = next;
+            /* Wrapped exactly as qcowkit bench wraps (modulo the image
+             * size, then inside the range a request fits in): the disk
+             * serves some offset orders faster than others, and with only
+             * the modulus different 4k random writes ran about 10% slower
+             * here than under qcowkit bench. */
             next += step;
-            next = isize > size ? next % (isize - size) : 0;
+            next %= isize ? isize : 1;
+            if (next + size > isize) {
+                next = isize > size ? next % (isize - size) : 0;
+            }
             int r = write ? qk_queue_writev(q, off, &iov, 1, (void *)(intptr_t)slot)
                           : qk_queue_readv(q, off, &iov, 1, (void *)(intptr_t)slot);
             if (r < 0) {
