@@ -25,9 +25,8 @@
 static int file_fd;
 static int pfd[2];
 static int rfd[NREQ][2];    /* the reads' pipes */
-static int completed;   /* reads finished, in the order the loop ran them */
 static int pipe_seen_at = -1;
-static int reads_done;
+static int reads_done;     /* reads whose coroutine has run */
 
 /* ---- 1: the backends' reap ---- */
 
@@ -94,7 +93,6 @@ static void coroutine_fn reader(void *opaque)
     static char b[NREQ];
     struct iovec iov = {&b[i], 1};
     QK_CHECK_EQ(qk_co_host_preadv(rfd[i][0], &iov, 1, UINT64_MAX), 1);
-    completed++;
     reads_done++;
 }
 
@@ -102,7 +100,7 @@ static void coroutine_fn pipe_waiter(void *opaque)
 {
     (void)opaque;
     QK_CHECK_EQ(qk_co_wait_fd(pfd[0], POLLIN, -1), POLLIN);
-    pipe_seen_at = completed;
+    pipe_seen_at = reads_done;
 }
 
 /* Returns how many reads had run when the pipe's coroutine did. */
@@ -115,7 +113,6 @@ static int loop_order(QkAioBackendKind kind, const char *batch)
     for (int i = 0; i < NREQ; i++) {
         QK_CHECK_EQ(pipe(rfd[i]), 0);
     }
-    completed = 0;
     reads_done = 0;
     pipe_seen_at = -1;
     qk_coroutine_enter(qk_coroutine_create(pipe_waiter, NULL));
