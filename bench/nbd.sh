@@ -4,10 +4,9 @@
 # same image over a unix socket. The servers take turns (never both on the
 # image at once; who goes first rotates per round), each run is RUNTIME
 # seconds, REPS rounds; the table shows medians (min-max) of IOPS and the
-# ratio qcowkit / qemu-nbd. The image
-# lives once on the disk and once on tmpfs: on the disk, buffered writes
-# can be bound by the file system's writeback for both servers alike; on
-# tmpfs the servers' own costs show. A third column is the file's own
+# ratio qcowkit / qemu-nbd. The image lives once on the disk and once on
+# tmpfs: on the disk, buffered writes can be bound by the file system's
+# writeback for both servers alike; on tmpfs the servers' own costs show. A third column is the file's own
 # ceiling: fio (io_uring, O_DIRECT with cache=none) on the image file
 # itself, inside its largest run of guest data so the image stays valid:
 # the same blocks of the same disk, with no server and no format between.

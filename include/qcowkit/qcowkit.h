@@ -67,8 +67,9 @@ int qk_set_aio_backend(const char *name);
  *     each continuing the last goes to the kernel once it holds this many
  *     bytes (default 262144; 0: the run stays queued whole)
  *   loop-reap-batch (QCOWKIT_LOOP_REAP_BATCH): while a coroutine waits on
- *     a socket, the event loop completes at most this many requests
- *     before it polls its descriptors again (default 8; 0: all ready)
+ *     a descriptor (a socket, an eventfd), the event loop completes at
+ *     most this many requests before it polls its descriptors again
+ *     (default 8; 0: all ready)
  * Returns 0, -ENOENT (no such knob) or -EINVAL (VALUE out of range). Safe
  * from any thread. */
 int qk_set_tunable(const char *name, const char *value);

@@ -34,8 +34,9 @@ static const QkTunableInfo table[QK_TUNE__COUNT] = {
         "A sequential run of requests (each continuing the last) goes to the kernel once it holds "
         "this many bytes (default 262144; 0: only at the end of the run or the loop's next wait)."},
     [QK_TUNE_LOOP_REAP_BATCH] = {"loop-reap-batch", "QCOWKIT_LOOP_REAP_BATCH", 8, 4096,
-        "While a coroutine waits on a socket, the event loop completes at most this many requests "
-        "before it looks at its descriptors again (default 8; 0: all that are ready)."},
+        "While a coroutine waits on a descriptor (a client's socket, the async API's eventfd), the "
+        "event loop completes at most this many requests before it looks at its descriptors again "
+        "(default 8; 0: all that are ready)."},
 };
 
 /* The value set through the API plus one; 0: not set (so a knob added to
