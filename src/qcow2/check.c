@@ -434,10 +434,11 @@ static int coroutine_fn check_copied(Check *k)
             uint64_t bm;
             uint64_t e = qcow2_l2_get(s, t, j, &bm);
             uint64_t d = e & QCOW2_L2E_OFFSET_MASK;
-            if ((e & QCOW2_OFLAG_COMPRESSED) || !d || qcow2_has_data_file(s)) {
-                continue; /* data-file clusters have no refcount to agree with */
+            if ((e & QCOW2_OFLAG_COMPRESSED) || !d) {
+                continue;
             }
-            rc = stored_rc(k, d >> s->cluster_bits);
+            /* A data file's clusters are never shared: refcount 1, as qemu-img counts them. */
+            rc = qcow2_has_data_file(s) ? 1 : stored_rc(k, d >> s->cluster_bits);
             if ((rc == 1) != !!(e & QCOW2_OFLAG_COPIED)) {
                 ck_say(k, "ERROR OFLAG_COPIED data cluster: l2_entry=%llx refcount=%llu",
                        (unsigned long long)e, (unsigned long long)rc);

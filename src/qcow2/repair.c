@@ -67,15 +67,19 @@ static bool coroutine_fn structure_trusted(Check *k)
     }
     /* A cluster in use without a stored refcount may already have been
      * handed out again: only a structure built from scratch is safe. */
-    for (uint64_t c = 0; ok && c < k->nclusters; c++) {
+    bool unreadable = false;
+    for (uint64_t c = 0; c < k->nclusters; c++) {
         uint64_t rc;
         if (!k->refs[c]) {
             continue;
         }
         if (!ck_stored_rc(k, c, &rc)) {
-            ck_say(k, "ERROR cannot read the refcount of cluster %llu", (unsigned long long)c);
+            if (!unreadable) {
+                ck_say(k, "ERROR cannot read the refcount of cluster %llu", (unsigned long long)c);
+            }
+            unreadable = true;
             ok = false;
-        } else if (rc == 0) {
+        } else if (rc == 0) { /* every one named, as qemu-img does */
             ck_say(k, "ERROR cluster %llu refcount=0 reference=%u", (unsigned long long)c, k->refs[c]);
             ok = false;
         }
@@ -96,27 +100,33 @@ static bool coroutine_fn structure_trusted(Check *k)
 static int coroutine_fn fix_in_place(Check *k, int fix)
 {
     Qcow2State *s = k->s;
-    for (uint64_t c = 0; c < k->nclusters; c++) {
-        uint64_t rc, ref = k->refs[c];
-        if (!ck_stored_rc(k, c, &rc) || rc == ref) {
-            continue;
+    /* Two passes, as qemu-img reports them: every mismatch found, then
+     * what was done about each. */
+    for (int pass = 0; pass < 2; pass++) {
+        for (uint64_t c = 0; c < k->nclusters; c++) {
+            uint64_t rc, ref = k->refs[c];
+            if (!ck_stored_rc(k, c, &rc) || rc == ref) {
+                continue;
+            }
+            bool leak = rc > ref;
+            if (pass == 0 || !(fix & (leak ? QK_CHECK_FIX_LEAKS : QK_CHECK_FIX_ERRORS))) {
+                ck_say(k, "%s cluster %llu refcount=%llu reference=%llu", leak ? "Leaked" : "ERROR",
+                       (unsigned long long)c, (unsigned long long)rc, (unsigned long long)ref);
+                continue;
+            }
+            if (ref > s->refcount_max) {
+                ck_say(k, "ERROR cluster %llu has %llu references; %u-bit refcounts cannot count them",
+                       (unsigned long long)c, (unsigned long long)ref, s->refcount_bits);
+                continue;
+            }
+            int64_t delta = leak ? -(int64_t)(rc - ref) : (int64_t)(ref - rc);
+            int r = qcow2_update_refcount(s, c << s->cluster_bits, s->cluster_size, delta);
+            if (r < 0) {
+                return r;
+            }
+            ck_say(k, "Repairing cluster %llu refcount=%llu reference=%llu", (unsigned long long)c,
+                   (unsigned long long)rc, (unsigned long long)ref);
         }
-        bool leak = rc > ref;
-        if (!(fix & (leak ? QK_CHECK_FIX_LEAKS : QK_CHECK_FIX_ERRORS))) {
-            continue;
-        }
-        if (ref > s->refcount_max) {
-            ck_say(k, "ERROR cluster %llu has %llu references; %u-bit refcounts cannot count them",
-                   (unsigned long long)c, (unsigned long long)ref, s->refcount_bits);
-            continue;
-        }
-        int64_t delta = leak ? -(int64_t)(rc - ref) : (int64_t)(ref - rc);
-        int r = qcow2_update_refcount(s, c << s->cluster_bits, s->cluster_size, delta);
-        if (r < 0) {
-            return r;
-        }
-        ck_say(k, "Repairing cluster %llu refcount=%llu reference=%llu", (unsigned long long)c,
-               (unsigned long long)rc, (unsigned long long)ref);
     }
     /* Durable before OFLAG_COPIED is made to agree with the new values. */
     int r = qcow2_flush_caches(s);
@@ -187,10 +197,12 @@ static int coroutine_fn fix_copied(Check *k)
             uint64_t bm;
             uint64_t e = qcow2_l2_get(s, t, j, &bm);
             uint64_t d = e & QCOW2_L2E_OFFSET_MASK;
-            if ((e & QCOW2_OFLAG_COMPRESSED) || !d || qcow2_has_data_file(s)) {
-                continue; /* data-file clusters have no refcount */
+            if ((e & QCOW2_OFLAG_COMPRESSED) || !d) {
+                continue;
             }
-            if (!ck_stored_rc(k, d >> s->cluster_bits, &rc)) {
+            if (qcow2_has_data_file(s)) {
+                rc = 1; /* a data file's clusters are never shared */
+            } else if (!ck_stored_rc(k, d >> s->cluster_bits, &rc)) {
                 continue;
             }
             if (want_copied(rc) == !!(e & QCOW2_OFLAG_COPIED)) {
@@ -243,7 +255,24 @@ static int coroutine_fn repair(Check *k, int fix, QkError *err)
         return qk_error_set(err, -EIO, "the refcount structure must be rebuilt: repair with -r all "
                             "(the image is unchanged)");
     }
-    if (fix & QK_CHECK_FIX_ERRORS) {
+    bool copied = fix & QK_CHECK_FIX_ERRORS;
+    if (!copied) {
+        /* -r leaks changes the flags too, as qemu-img does, but only once
+         * the refcounts they follow are right. */
+        QkCheckReport *report = k->report;
+        void *opaque = k->opaque;
+        QkCheckResult left;
+        k->skip_copied = true;
+        r = ck_run(k, &left, NULL, NULL);
+        k->skip_copied = false;
+        k->report = report;
+        k->opaque = opaque;
+        if (r < 0) {
+            return qk_error_set_errno(err, r, "Could not check the repaired refcounts");
+        }
+        copied = !left.corruptions && !left.leaks && !left.check_errors;
+    }
+    if (copied) {
         r = fix_copied(k);
         if (r < 0) {
             return qk_error_set_errno(err, r, "Could not write repaired OFLAG_COPIED flags");

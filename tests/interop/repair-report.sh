@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# check and check -r leaks|all against qemu-img on twin copies of images
+# damaged in one known way, where the report must be qemu-img's line for
+# line (stdout, stderr, exit status, JSON) and the repaired images check
+# the same:
+#  - a leak (refcount raised), an OFLAG_COPIED flag cleared, both at once:
+#    -r leaks fixes the flag too once the refcounts are right, as qemu-img
+#    does, and reports each mismatch before repairing it;
+#  - two in-use clusters with refcount 0: every one is named, then the
+#    structure is rebuilt (-r all) or refused (-r leaks);
+#  - an external data file's cluster without OFLAG_COPIED: its refcount
+#    counts as 1, so check reports it and -r all sets the flag.
+# The run uses the ASan build when there is one. Exit 0 pass, 1 fail.
+. "$SRC_DIR/tests/interop/snapshot-lib.bash"
+
+# damage IMAGE KIND: leak (cluster 0's refcount 2), copied (L2 entry 1
+# without OFLAG_COPIED), both, zero (refcounts of clusters 6 and 7, which
+# hold data, set to 0). Offsets come from the header (qcow2 specification).
+damage() {
+  python3 - "$1" "$2" <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+kind = sys.argv[2]
+h = f.read(104)
+l1 = struct.unpack(">Q", h[40:48])[0]
+rt = struct.unpack(">Q", h[48:56])[0]
+f.seek(rt)
+rb = struct.unpack(">Q", f.read(8))[0]
+if kind in ("leak", "both"):
+    f.seek(rb)
+    f.write(struct.pack(">H", 2))
+if kind == "zero":
+    for c in (6, 7):
+        f.seek(rb + 2 * c)
+        f.write(struct.pack(">H", 0))
+if kind in ("copied", "both"):
+    f.seek(l1)
+    l2 = struct.unpack(">Q", f.read(8))[0] & 0x00fffffffffffe00
+    f.seek(l2 + 8)
+    e = struct.unpack(">Q", f.read(8))[0]
+    f.seek(l2 + 8)
+    f.write(struct.pack(">Q", e & ~(1 << 63)))
+PY
+}
+
+# run TOOL ARGS...: what the tool printed (both streams, the tool's name
+# neutralised) and its exit status.
+run() {
+  "$@" >o.txt 2>e.txt
+  echo "rc=$?"
+  sed -e 's/^qemu-img:/TOOL:/' -e 's/^qcowkit:/TOOL:/' o.txt e.txt
+}
+
+same() { # WHAT: q.out and k.out (qemu-img's and ours) are equal
+  if ! diff q.out k.out >d.out; then
+    bad "$1: differs from qemu-img"
+    cat d.out
+  fi
+}
+
+for kind in leak copied both zero; do
+  qemu-img create -q -f qcow2 orig.qcow2 8M
+  qemu-io -c 'write -P 0xaa 0 256k' orig.qcow2 >/dev/null
+  damage orig.qcow2 $kind
+  for mode in "" "--output=json" "-r leaks" "-r all" "-r leaks --output=json" "-r all --output=json"; do
+    cp orig.qcow2 q.qcow2
+    cp orig.qcow2 k.qcow2
+    # shellcheck disable=SC2086
+    { run qemu-img check $mode q.qcow2; qemu-img check q.qcow2 2>&1; } >q.out
+    # shellcheck disable=SC2086
+    { run "$QK" check $mode k.qcow2 | sed 's/k\.qcow2/q.qcow2/'; qemu-img check k.qcow2 2>&1; } >k.out
+    case "$kind/$mode" in
+      zero/-r\ leaks*)
+        # Refused alike (exit 1, image untouched); our message says why.
+        grep -q "must be rebuilt" k.out || bad "zero, $mode: no reason given"
+        sed -i '/Check failed/d' q.out k.out ;;
+      zero/-r\ all*)
+        # After a rebuild qemu-img frees the old structure's clusters one
+        # by one and says so; ours never counts them as used.
+        sed -i '/^Repairing cluster [0-9]* refcount=1 reference=0$/d' q.out ;;
+    esac
+    same "$kind, check $mode"
+    qemu-io -r -c 'read -P 0xaa 0 256k' k.qcow2 >r.out 2>&1 || { bad "$kind, $mode: data changed"; cat r.out; }
+  done
+done
+
+# An external data file: its clusters always count as refcount 1.
+qemu-img create -q -f qcow2 -o data_file=orig.data orig.qcow2 8M
+qemu-io -c 'write -P 0xaa 0 256k' orig.qcow2 >/dev/null
+damage orig.qcow2 copied
+for mode in "" "-r leaks" "-r all" "-r all --output=json"; do
+  for t in q k; do
+    cp orig.qcow2 $t.qcow2
+    cp orig.data $t.data
+    qemu-img amend -q -o data_file=$t.data $t.qcow2 || bad "amend data_file"
+  done
+  # shellcheck disable=SC2086
+  { run qemu-img check $mode q.qcow2; qemu-img check q.qcow2 2>&1; } >q.out
+  # shellcheck disable=SC2086
+  { run "$QK" check $mode k.qcow2 | sed 's/k\.qcow2/q.qcow2/'; qemu-img check k.qcow2 2>&1; } >k.out
+  same "data file, check $mode"
+  grep -q "OFLAG_COPIED data cluster" k.out || bad "data file, check $mode: the cleared flag was not reported"
+done
+exit $fail
