@@ -54,17 +54,15 @@ int coroutine_fn qcow2_data_file_open(Qcow2State *s, const QkOpenOptions *opts, 
         return qk_error_corrupt(err, "an image with an external data file cannot have internal snapshots");
     }
     s->data_raw = (s->h.autoclear_features & QCOW2_AUTOCLEAR_DATA_FILE_RAW) != 0;
-    char *path = qk_block_backing_path(s->bs->filename, s->data_file_name);
-    if (!path) {
-        return qk_error_set(err, -ENOMEM, "out of memory");
-    }
     int flags = opts->flags & (QK_OPEN_RDWR | QK_OPEN_NOCACHE | QK_OPEN_WRITETHROUGH | QK_OPEN_NO_FLUSH |
                                QK_OPEN_FORCE_SHARE);
     if (s->bs->read_only) {
         flags &= ~QK_OPEN_RDWR;
     }
-    QkBlock *d = qk_co_file_open(path, flags, err);
-    free(path);
+    /* The name is used as it is: a relative one is relative to the
+     * current directory, as create made it and as qemu-img opens it (not
+     * to the image's directory, as a backing file name is). */
+    QkBlock *d = qk_co_file_open(s->data_file_name, flags, err);
     if (!d) {
         return err->code ? err->code : -EIO;
     }

@@ -17,7 +17,9 @@
 #    the data and leave every image clean;
 #  - a missing data file, a data file name that is not a plain local path
 #    (a protocol or json: name), and an L2 entry not at its guest offset,
-#    are errors, not crashes.
+#    are errors, not crashes;
+#  - a relative data file name is relative to the current directory, at
+#    create and at open, as qemu-img has it (an image in a subdirectory).
 # Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/snapshot-lib.bash"
 
@@ -232,5 +234,22 @@ PY
   echo "$o" | grep -q "not a plain local file name" || { bad "data file '$evil': message"; echo "$o"; }
 done
 case "$out" in *AddressSanitizer*|*"runtime error"*) bad "hostile mapping: sanitizer report"; echo "$out" ;; esac
+
+# --- a relative data file name, the image in another directory ---
+# As qemu-img: the name is relative to the current directory, at create
+# and at every open (not to the image's directory, as a backing file is).
+mkdir -p rel/sub
+for tool in "$QK" qemu-img; do
+  rm -f rel/r.data rel/sub/r.qcow2
+  (cd rel && "$tool" create -q -f qcow2 -o data_file=r.data sub/r.qcow2 1M) || bad "$tool: create sub/r.qcow2 with data_file=r.data"
+  [ -f rel/r.data ] && [ ! -e rel/sub/r.data ] || bad "$tool: the data file is not ./r.data"
+  (cd rel && "$QK" io -c 'write -P 9 4k 4k' sub/r.qcow2 >/dev/null) || bad "$tool-made: write from the parent directory"
+  (cd rel && qemu-io -c 'read -P 9 4k 4k' sub/r.qcow2 >/dev/null) || bad "$tool-made: qemu-io does not read what was written"
+  (cd rel && qemu-io -c 'write -P 8 8k 4k' sub/r.qcow2 >/dev/null) || bad "$tool-made: qemu-io write"
+  (cd rel && "$QK" io -c 'read -P 8 8k 4k' sub/r.qcow2 >/dev/null) || bad "$tool-made: qcowkit does not read what qemu-io wrote"
+  (cd rel && qemu-img check -q sub/r.qcow2) || bad "$tool-made: check"
+  o=$(cd rel/sub && "$QK" io -c 'read 0 4k' r.qcow2 2>&1) && bad "$tool-made: opened from the image's directory, where there is no r.data"
+  echo "$o" | grep -q "Could not open 'r.data'" || { bad "$tool-made: missing data file message"; echo "$o"; }
+done
 "$QK" io -c 'read -P 5 0 4k' q.qcow2 >/dev/null 2>&1 || bad "cluster 0 unreadable next to a bad entry"
 exit $fail
