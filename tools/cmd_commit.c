@@ -39,6 +39,21 @@ typedef struct CommitCmd {
     int ret;
 } CommitCmd;
 
+/* Is B (the backing file of ABOVE) the base NAME names? NAME matches the
+ * backing file name ABOVE records, or, relative to ABOVE's directory, the
+ * same file as B. */
+static bool base_is(QkBlock *above, QkBlock *b, const char *name)
+{
+    const char *recorded = qk_block_backing_file(above);
+    if (recorded && strcmp(recorded, name) == 0) {
+        return true;
+    }
+    char *path = qk_block_backing_path(qk_block_filename(above), name);
+    bool same = path && qk_tool_same_file(qk_block_filename(b), path);
+    free(path);
+    return same;
+}
+
 static void coroutine_fn commit_co(void *opaque)
 {
     CommitCmd *c = opaque;
@@ -123,7 +138,12 @@ static int run_commit(int argc, char **argv)
     }
     c.depth = 1;
     if (base_name) {
-        while (b && !qk_tool_same_file(qk_block_filename(b), base_name)) {
+        /* As qemu-img finds it: a relative name is relative to the
+         * directory of the image that has the candidate as its backing
+         * file, not to the current directory. */
+        QkBlock *above = c.top;
+        while (b && !base_is(above, b, base_name)) {
+            above = b;
             b = qk_block_backing(b);
             c.depth++;
         }
@@ -144,7 +164,7 @@ static int run_commit(int argc, char **argv)
         qk_tool_error("Could not open '%s': %s", qk_block_filename(b), err.msg);
         goto out;
     }
-    qk_progress_init(&c.progress, stderr, progress && !quiet);
+    qk_progress_init(&c.progress, stdout, progress && !quiet);
     qk_progress_update(&c.progress, 0, 1);
     qk_co_run(commit_co, &c);
     if (c.ret == 0) {

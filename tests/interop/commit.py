@@ -55,16 +55,19 @@ def layer_map(d, f):
     return own
 
 
-def case(name, layers, args):
+def case(name, layers, args, cwd=""):
+    """cwd: a subdirectory of the chain's to run the tools in."""
     n = new_case()
     q, k = os.path.join(WORK, "q%d" % n), os.path.join(WORK, "k%d" % n)
     try:
         build(q, layers)
+        if cwd:
+            os.makedirs(os.path.join(q, cwd))
     except RuntimeError as e:
         bad(name, "setup: %s" % e)
         return
     shutil.copytree(q, k)
-    rq, rk = run_both(name, QK, "commit", args, q, k)
+    rq, rk = run_both(name, QK, "commit", args, os.path.join(q, cwd), os.path.join(k, cwd))
     for f, fmt, _, _, _ in layers:
         if fmt == "qcow2":
             rc, out, _ = run(["qemu-img", "check", f], k)
@@ -96,6 +99,11 @@ case("three layers, into the middle", three, ["t.qcow2"])
 case("three layers, -b base", three, ["-b", "b.qcow2", "t.qcow2"])
 case("three layers, -b middle", three, ["-b", "m.qcow2", "t.qcow2"])
 case("-b not in the chain", three, ["-b", "t.qcow2", "t.qcow2"])
+# Run from a subdirectory: a relative -b names a file relative to the
+# image that has it as backing file, not to the current directory.
+case("from a subdirectory, -b base", three, ["-b", "b.qcow2", "../t.qcow2"], cwd="s")
+case("from a subdirectory, -b ../base", three, ["-b", "../b.qcow2", "../t.qcow2"], cwd="s")
+case("from a subdirectory, -b middle", three, ["-b", "./m.qcow2", "../t.qcow2"], cwd="s")
 case("no backing file", three[:1], ["b.qcow2"])
 case("compressed cluster in the top", [
     ("b.qcow2", "qcow2", 8 * M, "", base_data),
@@ -114,6 +122,14 @@ case("-f raw on a qcow2 top", three, ["-f", "raw", "t.qcow2"])
 two = [("b.qcow2", "qcow2", 8 * M, "", base_data), ("t.qcow2", "qcow2", 8 * M, "", top_data)]
 for r in ("0", "64M", "abc", "-5"):
     case("-r %s" % r, two, ["-r", r, "t.qcow2"])
+
+# -p: the progress line goes to stdout, as qemu-img's does, ending at 100%.
+n = new_case()
+d = os.path.join(WORK, "p%d" % n)
+build(d, two)
+rc, out, err = run([QK, "commit", "-p", "t.qcow2"], d)
+if rc != 0 or "(100.00/100%)" not in out or "/100%" in err:
+    bad("commit -p", "exit %d, stdout %r, stderr %r" % (rc, out[-200:], err[-200:]))
 
 # Random chains of 2-5 layers, committed into the backing file or with -b
 # into a deeper layer.
