@@ -269,7 +269,7 @@ static int run_amend(int argc, char **argv)
         qk_tool_error("Could not open '%s': %s", filename, c.err.msg);
         goto out;
     }
-    qk_progress_init(&c.progress, stderr, progress && !quiet);
+    qk_progress_init(&c.progress, stdout, progress && !quiet);
     qk_progress_update(&c.progress, 0, 1);
     c.o.progress = qk_progress_report;
     c.o.opaque = &c.progress;

@@ -200,7 +200,7 @@ static int run_rebase(int argc, char **argv)
         change_error(&c, "the image would be in its own backing chain");
         goto out;
     }
-    qk_progress_init(&c.progress, stderr, progress && !quiet);
+    qk_progress_init(&c.progress, stdout, progress && !quiet);
     qk_progress_update(&c.progress, 0, 1);
     qk_co_run(rebase_co, &c);
     if (c.ret == 0) {

@@ -27,14 +27,17 @@ def same_name(t):
 
 def run_both(name, qk, sub, args, q, k, norm=same_name):
     """Runs `qemu-img SUB ARGS` in q and `QCOWKIT SUB ARGS` in k; a failure
-    unless the exit status and the output (after norm) are the same.
+    unless the exit status, stdout and stderr (each after norm) are the same.
     Returns both results as (status, stdout, stderr)."""
     rq = run(["qemu-img", sub] + args, q)
     rk = run([qk, sub] + args, k)
     if rq[0] != rk[0]:
         bad(name, "exit %d, qemu-img %d (stderr: %s)" % (rk[0], rq[0], rk[2].strip()))
-    if norm(rq[1] + rq[2]) != norm(rk[1] + rk[2]):
-        bad(name, "output differs:\n  qemu-img: %r\n  qcowkit:  %r" % (rq[1] + rq[2], rk[1] + rk[2]))
+    # Each stream on its own: scripts read stdout (progress, reports) and
+    # stderr (errors) apart.
+    for i, stream in ((1, "stdout"), (2, "stderr")):
+        if norm(rq[i]) != norm(rk[i]):
+            bad(name, "%s differs:\n  qemu-img: %r\n  qcowkit:  %r" % (stream, rq[i], rk[i]))
     return rq, rk
 
 
