@@ -109,6 +109,9 @@ json_t *qk_tool_snapshots_json(const QkSnapshotInfo *l, int n);
 /* Writes qcowkit(1) as roff from the command table (tools/manpage.c). */
 void qk_tool_print_man(FILE *f, const QkCommand *const *cmds, size_t n);
 /* Whether two paths name the same file (device and inode). */
+/* qemu-img's warning when a read-write open guessed the raw format (the
+ * first sector is then protected: qk_block_format_probed()). */
+void qk_tool_warn_guessed_raw(QkBlock *bs, int flags);
 bool qk_tool_same_file(const char *a, const char *b);
 
 /* --image-opts/--target-image-opts (image_opts.c): replaces the key lists

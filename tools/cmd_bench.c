@@ -407,6 +407,7 @@ static int run(int argc, char **argv)
         qk_tool_error("Could not open '%s': %s", filename, err.msg);
         goto out;
     }
+    qk_tool_warn_guessed_raw(b->bs, o.flags);
     *b = (Bench){.bs = b->bs, .write = a.write, .count = a.count, .size = a.size, .step = a.step,
                  .image_size = (uint64_t)qk_block_length(b->bs), .flush_interval = a.flush_interval,
                  .drain = a.drain, .pattern = a.pattern, .next_offset = a.offset,

@@ -157,8 +157,10 @@ static int run_commit(int argc, char **argv)
      * copy writes (only ranges held above the base are read). The node
      * opens with the base's own backing files: a partial write into it
      * copies the rest of its cluster from them, and a zero write must
-     * hide them. */
-    QkOpenOptions bo = {.flags = (flags | QK_OPEN_RDWR) & ~QK_OPEN_NO_BACKING, .format = qk_block_format_name(b)};
+     * hide them. A guessed format is guessed again, so a raw base keeps
+     * its first sector protected while written. */
+    QkOpenOptions bo = {.flags = (flags | QK_OPEN_RDWR) & ~QK_OPEN_NO_BACKING,
+                        .format = qk_block_format_probed(b) ? NULL : qk_block_format_name(b)};
     c.base = qk_block_open(qk_block_filename(b), &bo, &err);
     if (!c.base) {
         qk_tool_error("Could not open '%s': %s", qk_block_filename(b), err.msg);

@@ -133,6 +133,7 @@ static int run(int argc, char **argv)
         qk_tool_error("can't open device %s: %s", filename, err.msg);
         goto out;
     }
+    qk_tool_warn_guessed_raw(r.io.bs, o.flags);
     r.io.aio_idle = (QkCoQueue)QK_CO_QUEUE_INIT;
     /* Line buffering keeps reports and stderr messages in order in logs. */
     setvbuf(stdout, NULL, _IOLBF, 0);

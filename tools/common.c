@@ -97,10 +97,27 @@ void qk_tool_print_json(json_t *j)
     free(s);
 }
 
+void qk_tool_warn_guessed_raw(QkBlock *bs, int flags)
+{
+    if (!bs || !(flags & QK_OPEN_RDWR) || !qk_block_format_probed(bs) ||
+        strcmp(qk_block_format_name(bs), "raw") != 0) {
+        return;
+    }
+    fflush(stdout);
+    fprintf(stderr,
+            "WARNING: Image format was not specified for '%s' and probing guessed raw.\n"
+            "         Automatically detecting the format is dangerous for raw images, "
+            "write operations on block 0 will be restricted.\n"
+            "         Specify the 'raw' format explicitly to remove the restrictions.\n",
+            qk_block_filename(bs));
+}
+
 QkBlock *qk_tool_open(const char *filename, const char *fmt, int flags, QkError *err)
 {
     QkOpenOptions o = {.flags = flags, .format = fmt};
-    return qk_block_open(filename, &o, err);
+    QkBlock *bs = qk_block_open(filename, &o, err);
+    qk_tool_warn_guessed_raw(bs, flags);
+    return bs;
 }
 
 int qk_tool_close_written(QkBlock *bs, int status, bool quiet, const char *done)

@@ -310,6 +310,12 @@ int qk_block_create(const char *filename, const QkCreateOptions *opts, QkError *
 
 /* What a node is. The strings stay valid while the node is open. */
 const char *qk_block_format_name(const QkBlock *bs);
+/* True when no format was given and it was guessed from the image's first
+ * bytes. A guessed raw image refuses writes that would make its first 512
+ * bytes look like another format (-EPERM), as QEMU does: otherwise its
+ * guest could write, say, a qcow2 header naming a host file as backing
+ * file, read by the next open that guesses again. */
+bool qk_block_format_probed(const QkBlock *bs);
 const char *qk_block_filename(const QkBlock *bs);
 /* The protocol child (NULL for a protocol node) and the backing node
  * (NULL when none or not opened). */

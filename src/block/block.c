@@ -78,6 +78,11 @@ const char *qk_block_format_name(const QkBlock *bs)
     return bs->drv->format_name;
 }
 
+bool qk_block_format_probed(const QkBlock *bs)
+{
+    return bs->format_probed;
+}
+
 const char *qk_block_filename(const QkBlock *bs)
 {
     return bs->filename;
@@ -244,9 +249,19 @@ QkBlock *coroutine_fn qk_co_protocol_open(const char *filename, int flags, QkErr
     return bs;
 }
 
+bool qk_block_probes_not_raw(const uint8_t *buf)
+{
+    for (size_t i = 0; i < QK_ARRAY_SIZE(drivers); i++) {
+        if (drivers[i] != &qk_drv_raw && drivers[i]->probe && drivers[i]->probe(buf, QK_PROBE_SIZE) > 1) {
+            return true;
+        }
+    }
+    return false;
+}
+
 static const QkBlockDriver *probe(QkBlock *file)
 {
-    uint8_t buf[512];
+    uint8_t buf[QK_PROBE_SIZE];
     uint8_t *b = qk_aligned_zalloc(4096, 4096);
     if (!b) {
         return &qk_drv_raw;
@@ -359,6 +374,7 @@ static QkBlock *coroutine_fn open_depth(const char *filename, const QkOpenOption
         return NULL;
     }
     bs->file = file;
+    bs->format_probed = !opts->format && !remote;
     bs->request_alignment = 1;
     bs->mem_alignment = file->mem_alignment;
     int r = drv->co_open(bs, opts, err);

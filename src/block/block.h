@@ -22,6 +22,12 @@
 
 typedef struct QkBlockDriver QkBlockDriver;
 
+/* The first bytes a format is guessed from. */
+#define QK_PROBE_SIZE 512
+/* Would a file starting with these QK_PROBE_SIZE bytes be taken for
+ * another format than raw? */
+bool qk_block_probes_not_raw(const uint8_t *buf);
+
 struct QkBlockDriver {
     const char *format_name;
     size_t instance_size;
@@ -87,6 +93,7 @@ struct QkBlock {
     char *filename;
     int open_flags;
     bool read_only;
+    bool format_probed;           /* the format was guessed from the first bytes */
     uint64_t size;                /* virtual size for format nodes */
     QkBlock *file;                /* protocol child; NULL for protocol nodes */
     QkBlock *backing;             /* NULL when none */
