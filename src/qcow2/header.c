@@ -204,6 +204,7 @@ int qcow2_validate_header(Qcow2State *s, uint64_t file_len, bool rdwr, QkError *
         feature_list(s, 0, unknown, names, sizeof(names));
         return qk_error_set(err, -ENOTSUP, "Unsupported qcow2 feature(s): %s", names);
     }
+    /* rdwr is false for check -r: repairing is how the bit is cleared. */
     if ((h->incompatible_features & QCOW2_INCOMPAT_CORRUPT) && rdwr) {
         return qk_error_set(err, -EACCES, "qcow2: Image is corrupt; cannot be opened read/write");
     }

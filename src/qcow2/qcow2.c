@@ -123,7 +123,7 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
     s->cluster_size = 1ULL << s->cluster_bits;
     r = qcow2_parse_extensions(s, c0, &bfmt, err);
     if (r == 0) {
-        r = qcow2_validate_header(s, flen, !bs->read_only, err);
+        r = qcow2_validate_header(s, flen, !bs->read_only && !(opts->flags & QK_OPEN_CHECK), err);
     }
     if (r == 0) {
         r = qcow2_data_file_open(s, opts, err);

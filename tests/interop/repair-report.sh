@@ -9,7 +9,8 @@
 #  - two in-use clusters with refcount 0: every one is named, then the
 #    structure is rebuilt (-r all) or refused (-r leaks);
 #  - an external data file's cluster without OFLAG_COPIED: its refcount
-#    counts as 1, so check reports it and -r all sets the flag.
+#    counts as 1, so check reports it and -r all sets the flag;
+#  - the corrupt bit set: -r leaks|all repair the image and clear it.
 # The run uses the ASan build when there is one. Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/snapshot-lib.bash"
 
@@ -81,6 +82,25 @@ for kind in leak copied both zero; do
     esac
     same "$kind, check $mode"
     qemu-io -r -c 'read -P 0xaa 0 256k' k.qcow2 >r.out 2>&1 || { bad "$kind, $mode: data changed"; cat r.out; }
+  done
+done
+
+# The corrupt bit set (with a leak, or alone): check -r opens the image
+# all the same, repairs it and clears the bit, as qemu-img does.
+for kind in leak none; do
+  qemu-img create -q -f qcow2 orig.qcow2 8M
+  qemu-io -c 'write -P 0xaa 0 256k' orig.qcow2 >/dev/null
+  [ $kind = leak ] && damage orig.qcow2 leak
+  printf '\0\0\0\0\0\0\0\2' | dd of=orig.qcow2 bs=1 seek=72 conv=notrunc 2>/dev/null
+  for mode in "-r leaks" "-r all"; do
+    cp orig.qcow2 q.qcow2
+    cp orig.qcow2 k.qcow2
+    # shellcheck disable=SC2086
+    { run qemu-img check $mode q.qcow2; qemu-img info q.qcow2 | grep corrupt; } >q.out
+    # shellcheck disable=SC2086
+    { run "$QK" check $mode k.qcow2 | sed 's/k\.qcow2/q.qcow2/'; qemu-img info k.qcow2 | grep corrupt; } >k.out
+    same "corrupt bit, $kind, check $mode"
+    grep -q "corrupt: false" k.out || bad "corrupt bit, $kind, $mode: still set"
   done
 done
 
