@@ -95,7 +95,7 @@ static int probe_backing(CreateArgs *a, uint64_t *size)
 static int run(int argc, char **argv)
 {
     CreateArgs a = {.fmt = "raw", .c = {.compression = "zlib", .lazy = "off"}};
-    bool quiet = false;
+    bool quiet = false, unsafe = false;
     char *opt_lists[32];
     int nlists = 0;
     static const struct option longopts[] = {
@@ -111,7 +111,7 @@ static int run(int argc, char **argv)
         case 'b': a.c.o.backing_file = optarg; break;
         case 'F': a.c.o.backing_fmt = optarg; break;
         case 'q': quiet = true; break;
-        case 'u': break; /* qemu-img's "unsafe": the backing is only opened when needed */
+        case 'u': unsafe = a.c.o.backing_unchecked = true; break; /* the backing file is not opened */
         case 'o':
             if (nlists == (int)(sizeof(opt_lists) / sizeof(opt_lists[0]))) {
                 return qk_tool_bad_usage("create", "too many -o options");
@@ -170,17 +170,17 @@ static int run(int argc, char **argv)
         qk_tool_error("%s: Backing file specified without backing format", a.filename);
         return 1;
     }
-    if (!a.c.o.size_set && !a.c.o.backing_file) {
+    if (!a.c.o.size_set && (!a.c.o.backing_file || unsafe)) {
         qk_tool_error("%s: Image creation needs a size parameter", a.filename);
         return 1;
     }
     if (a.c.o.backing_file) {
-        uint64_t bsize;
+        uint64_t bsize = 0;
         if (!qk_format_known(a.c.o.backing_fmt)) {
             qk_tool_error("%s: Unknown driver '%s'", a.filename, a.c.o.backing_fmt);
             return 1;
         }
-        if (probe_backing(&a, &bsize) < 0) {
+        if (!unsafe && probe_backing(&a, &bsize) < 0) {
             return 1;
         }
         if (!a.c.o.size_set) {

@@ -226,6 +226,7 @@ typedef struct QkCreateOptions {
     int compression_type;        /* 0 zlib, 1 zstd */
     const char *data_file;       /* qcow2: guest data goes to this new file */
     bool data_file_raw;          /* ... kept a valid raw image of the disk */
+    bool backing_unchecked;      /* with a size: the backing file is not opened */
 } QkCreateOptions;
 
 /* A persistent dirty bitmap stored in an image (qcow2), as info shows it. */

@@ -159,7 +159,7 @@ int coroutine_fn qcow2_co_create(const char *filename, const QkCreateOptions *o,
         return r;
     }
     uint64_t size = o->size;
-    if (o->backing_file) {
+    if (o->backing_file && !(o->backing_unchecked && o->size_set)) {
         uint64_t bsize = 0;
         r = backing_size(filename, o, &bsize, err);
         if (r < 0) {
