@@ -235,8 +235,10 @@ static int run_amend(int argc, char **argv)
         goto out;
     }
     /* Refusals first, on a read-only open: a read-write open already
-     * updates the header (it clears the autoclear bits it cannot keep). */
-    c.bs = qk_tool_open(filename, fmt, flags & ~QK_OPEN_RDWR, &c.err);
+     * updates the header (it clears the autoclear bits it cannot keep).
+     * It shares the image: the read-write open is the one whose lock
+     * counts, and says what qemu-img says when the image is in use. */
+    c.bs = qk_tool_open(filename, fmt, (flags & ~QK_OPEN_RDWR) | QK_OPEN_FORCE_SHARE, &c.err);
     if (!c.bs) {
         qk_tool_error("Could not open '%s': %s", filename, c.err.msg);
         goto out;

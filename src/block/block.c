@@ -5,6 +5,7 @@
  * dispatch to drivers.
  */
 #include "block/block.h"
+#include "block/file_lock.h"
 #include "block/debug.h"
 #include "aio/loop.h"
 #include "block/dirty_bitmap.h"
@@ -249,6 +250,25 @@ QkBlock *coroutine_fn qk_co_protocol_open(const char *filename, int flags, QkErr
     return bs;
 }
 
+/* The image lock a node of DRV over FILE takes, in QEMU's terms: a
+ * reader holds consistent read, a writer also write; a qcow2 node (even a
+ * reader) lets no one else write or resize under its metadata, and its
+ * writer holds resize too. -U (force-share) shares everything. */
+static int coroutine_fn lock_image(QkBlock *file, const QkBlockDriver *drv, int flags, QkError *err)
+{
+    bool rw = (flags & QK_OPEN_RDWR) != 0;
+    unsigned perm = QK_PERM_CONSISTENT_READ | (rw ? QK_PERM_WRITE : 0);
+    unsigned shared = QK_PERM_ALL;
+    if (drv == &qk_drv_qcow2) {
+        perm |= rw ? QK_PERM_RESIZE : 0;
+        shared &= ~(QK_PERM_WRITE | QK_PERM_RESIZE);
+    }
+    if (flags & QK_OPEN_FORCE_SHARE) {
+        shared = QK_PERM_ALL;
+    }
+    return qk_file_node_lock(file, perm, shared, err);
+}
+
 bool qk_block_probes_not_raw(const uint8_t *buf)
 {
     for (size_t i = 0; i < QK_ARRAY_SIZE(drivers); i++) {
@@ -355,8 +375,17 @@ static QkBlock *coroutine_fn open_depth(const char *filename, const QkOpenOption
         }
     }
     bool remote = qk_block_is_remote(filename);
+    if ((opts->flags & QK_OPEN_FORCE_SHARE) && (opts->flags & QK_OPEN_RDWR)) {
+        qk_error_set(err, -EINVAL, "force-share=on can only be used with read-only images");
+        return NULL;
+    }
     if (drv && drv->is_protocol) {
-        return qk_co_protocol_open(filename, opts->flags, err);
+        QkBlock *p = qk_co_protocol_open(filename, opts->flags, err);
+        if (p && lock_image(p, drv, opts->flags, err) < 0) {
+            qk_co_block_close(p);
+            return NULL;
+        }
+        return p;
     }
     QkBlock *file = qk_co_protocol_open(filename, opts->flags, err);
     if (!file) {
@@ -366,6 +395,12 @@ static QkBlock *coroutine_fn open_depth(const char *filename, const QkOpenOption
         /* An export's or RBD image's bytes are a guest's disk: never let
          * them pick a format. */
         drv = remote ? &qk_drv_raw : probe(file);
+    }
+    /* Before the format reads anything it could act on, or marks the
+     * image in use. */
+    if (lock_image(file, drv, opts->flags, err) < 0) {
+        qk_co_block_close(file);
+        return NULL;
     }
     QkBlock *bs = node_new(drv, filename, opts->flags);
     if (!bs) {

@@ -16,6 +16,7 @@
 #include "block/block.h"
 #include "block/debug.h"
 #include "block/writelog.h"
+#include "block/file_lock.h"
 #include "aio/aio.h"
 #include "aio/loop.h"
 #include "block/inject.h"
@@ -52,7 +53,20 @@ typedef struct FileState {
     int bulk_fd;             /* O_DIRECT reader for QK_REQ_BULK_READ: -1 not yet, -2 unusable */
     int64_t last_write_ns;   /* when the last buffered write was issued */
     QkWriteLog *log;         /* NULL unless QCOWKIT_LOG_WRITES is set */
+    QkFileLock *lock;        /* this node's image lock (qk_file_node_lock) */
 } FileState;
+
+int qk_file_node_lock(QkBlock *bs, unsigned perm, unsigned shared, QkError *err)
+{
+    if (bs->drv != &qk_drv_file) {
+        return 0; /* exports and RBD images are their servers' to guard */
+    }
+    FileState *s = bs->opaque;
+    if (s->lock) {
+        return 0;
+    }
+    return qk_file_lock_acquire(s->fd, bs->filename, perm, shared, &s->lock, err);
+}
 
 /* fdatasync, logged as a flush when the write log is on. */
 static int coroutine_fn file_sync(FileState *s, int log_flags)
@@ -146,6 +160,8 @@ static int coroutine_fn file_close(QkBlock *bs)
     if (s->bulk_fd >= 0) {
         close(s->bulk_fd);
     }
+    qk_file_lock_release(s->lock);
+    s->lock = NULL;
     s->bulk_fd = -1;
     s->fd = -1;
     return r;
@@ -584,17 +600,32 @@ static int coroutine_fn file_truncate(QkBlock *bs, uint64_t size, QkPrealloc pre
 
 static int coroutine_fn file_create(const char *filename, const QkCreateOptions *opts, QkError *err)
 {
-    int fd = open(filename, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    QkBlock *bs = NULL;
+    int fd = open(filename, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
         return qk_error_set_errno(err, -errno, "Could not create '%s'", filename);
     }
-    close(fd);
-    QkBlock *bs = qk_co_file_open(filename, QK_OPEN_RDWR, err);
-    if (!bs) {
-        return err->code;
+    /* An existing file is emptied only when no one else uses it, as QEMU
+     * checks: its lock is held until the new file is sized. */
+    QkFileLock *lock = NULL;
+    int r = qk_file_lock_acquire(fd, filename, QK_PERM_WRITE | QK_PERM_RESIZE, QK_PERM_ALL & ~QK_PERM_RESIZE,
+                                 &lock, err);
+    if (r == 0 && ftruncate(fd, 0) < 0) {
+        r = qk_error_set_errno(err, -errno, "Could not resize file");
     }
-    int r = file_truncate(bs, opts->size, opts->prealloc, err);
+    if (r == 0) {
+        bs = qk_co_file_open(filename, QK_OPEN_RDWR, err);
+        r = bs ? 0 : err->code;
+    }
+    if (r < 0) {
+        qk_file_lock_release(lock);
+        close(fd);
+        return r;
+    }
+    r = file_truncate(bs, opts->size, opts->prealloc, err);
     int cr = qk_co_block_close(bs);
+    qk_file_lock_release(lock);
+    close(fd);
     if (r == 0 && cr < 0) {
         r = qk_error_set_errno(err, cr, "Could not close '%s'", filename);
     }

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Image locking against QEMU's tools, both ways:
+#  - while qemu-io holds an image (read-write, read-only, -U), each
+#    qcowkit command gets qemu-img's (qemu-io's) answer: the same exit
+#    status and message ("Failed to get ... lock"), or the same success;
+#  - while qcowkit holds an image (io read-write or read-only, an NBD
+#    export), QEMU's tools get the answers they get from one another;
+#  - create refuses to empty a file in use, -U is refused on a read-write
+#    open, and a raw image is shared as QEMU shares it;
+#  - the image is unharmed: qemu-img check clean, data as written.
+# The run uses the ASan build when there is one. Exit 0 pass, 1 fail.
+. "$SRC_DIR/tests/interop/snapshot-lib.bash"
+. "$SRC_DIR/tests/interop/nbd-lib.bash"
+trap 'unhold; nbd_cleanup; rm -rf "$work"' EXIT
+
+norm() { sed -e 's/^qemu-img:/TOOL:/' -e 's/^qemu-io:/TOOL:/' -e 's/^qcowkit:/TOOL:/' \
+             -e 's/[0-9.]* sec ([0-9.]* [KMG]*i*B\/sec and [0-9.]* ops\/sec)/TIME/' -e '/^Formatting/d'; }
+
+# hold CMD...: runs CMD with a standard input that stays open, so an
+# interactive qemu-io or qcowkit io keeps its image open, and waits until
+# the image shows locks in /proc/locks. unhold ends it.
+HOLDER=""
+hold() {
+  mkfifo hold.fifo
+  "$@" <hold.fifo >/dev/null 2>&1 &
+  HOLDER=$!
+  exec 7>hold.fifo
+  rm -f hold.fifo
+  local ino i
+  ino=$(stat -c %i "${@: -1}")
+  for i in $(seq 200); do
+    grep -q ":$ino " /proc/locks && return 0
+    sleep 0.05
+  done
+  bad "holder $* took no lock"
+}
+unhold() {
+  [ -n "$HOLDER" ] || return 0
+  exec 7>&-
+  wait "$HOLDER" 2>/dev/null
+  HOLDER=""
+}
+
+# answer PROG ARGS...: the first lines of what PROG says, and its status.
+answer() {
+  local p=$1
+  shift
+  "$p" "$@" >ans.txt 2>&1
+  local st=$?
+  head -2 ans.txt | norm
+  echo "rc=$st"
+}
+
+# Each case: the subcommand and arguments, '|'-separated; "io" is qemu-io
+# for QEMU's side.
+cases=("info|a.qcow2" "info|-U|a.qcow2" "check|a.qcow2" "map|a.qcow2" "snapshot|-l|a.qcow2"
+       "snapshot|-c|s|a.qcow2" "resize|a.qcow2|8M" "bitmap|--add|a.qcow2|b" "amend|-o|lazy_refcounts=on|a.qcow2"
+       "io|-c|read -P 7 0 4k|a.qcow2" "io|-c|write -P 7 0 4k|a.qcow2" "io|-r|-c|read -P 7 0 4k|a.qcow2"
+       "io|-r|-U|-c|read -P 7 0 4k|a.qcow2" "create|-q|-f|qcow2|a.qcow2|4M")
+qemu_answer() {
+  if [ "$1" = io ]; then answer qemu-io "${@:2}"; else answer qemu-img "$@"; fi
+}
+
+qemu-img create -q -f qcow2 a.qcow2 4M
+qemu-io -c 'write -P 7 0 64k' a.qcow2 >/dev/null
+cp a.qcow2 orig.qcow2
+
+# qemu-io holds: every qcowkit command answers as QEMU's own tools do.
+# (Commands that succeed change the image: each runs on a fresh copy held
+# anew, so both tools see the same image.)
+for mode in "" "-r" "-r -U"; do
+  for c in "${cases[@]}"; do
+    IFS='|' read -r -a args <<<"$c"
+    cp orig.qcow2 a.qcow2
+    # shellcheck disable=SC2086
+    hold qemu-io $mode a.qcow2
+    q=$(qemu_answer "${args[@]}")
+    unhold
+    cp orig.qcow2 a.qcow2
+    # shellcheck disable=SC2086
+    hold qemu-io $mode a.qcow2
+    k=$(answer "$QK" "${args[@]}")
+    unhold
+    if [ "$q" != "$k" ]; then
+      bad "qemu-io $mode holds the image: ${args[*]}: differs from QEMU's tools"
+      diff <(echo "$q") <(echo "$k")
+    fi
+  done
+done
+
+# qcowkit holds: QEMU's tools answer as they do when qemu-io holds.
+for mode in "" "-r" "-r -U"; do
+  for c in "${cases[@]}"; do
+    IFS='|' read -r -a args <<<"$c"
+    cp orig.qcow2 a.qcow2
+    # shellcheck disable=SC2086
+    hold qemu-io $mode a.qcow2
+    q=$(qemu_answer "${args[@]}")
+    unhold
+    cp orig.qcow2 a.qcow2
+    # shellcheck disable=SC2086
+    hold "$QK" io $mode a.qcow2
+    k=$(qemu_answer "${args[@]}")
+    unhold
+    if [ "$q" != "$k" ]; then
+      bad "qcowkit io $mode holds the image: QEMU's ${args[*]} answers differently than under qemu-io"
+      diff <(echo "$q") <(echo "$k")
+    fi
+  done
+done
+
+# An NBD export holds its image read-write.
+cp orig.qcow2 a.qcow2
+start_serve "$QK" serve.pid --socket nbd.sock --export name=d,file=a.qcow2
+o=$(qemu-img info a.qcow2 2>&1) && bad "qemu-img info opened an exported image without -U"
+echo "$o" | grep -q 'Failed to get shared "write" lock' || { bad "export: qemu-img info's message"; echo "$o"; }
+o=$("$QK" snapshot -c s a.qcow2 2>&1) && bad "snapshot -c on an exported image"
+echo "$o" | grep -q 'Failed to get "write" lock' || { bad "export: snapshot's message"; echo "$o"; }
+qemu-io -f raw -c 'write -P 9 64k 64k' "nbd+unix:///d?socket=nbd.sock" >/dev/null || bad "export: write over NBD"
+qemu-img info -U a.qcow2 >/dev/null || bad "export: qemu-img info -U"
+stop_serve "$SERVE_PID"
+qemu-img check -q a.qcow2 || bad "export: check after the export"
+qemu-io -c 'read -P 7 0 64k' -c 'read -P 9 64k 64k' a.qcow2 >/dev/null || bad "export: data"
+
+# -U is for read-only opens only, as in QEMU.
+for args in "snapshot -U -c x a.qcow2" "io -U -c flush a.qcow2" "bench -U -w -c 1 a.qcow2"; do
+  # shellcheck disable=SC2086
+  o=$("$QK" $args 2>&1) && bad "$args: accepted -U on a read-write open"
+  echo "$o" | grep -q "force-share=on can only be used with read-only images" || { bad "$args: message"; echo "$o"; }
+done
+
+# A raw image: QEMU shares it with other writers, and so do we.
+qemu-img create -q -f raw r.raw 1M
+hold qemu-io -f raw r.raw
+"$QK" io -f raw -c 'write -P 3 4k 4k' r.raw >/dev/null 2>&1 || bad "raw held by qemu-io: our write refused"
+unhold
+hold "$QK" io -f raw r.raw
+qemu-io -f raw -c 'write -P 4 8k 4k' r.raw >/dev/null 2>&1 || bad "raw held by us: qemu-io's write refused"
+unhold
+
+# Nothing was harmed.
+qemu-img check -q orig.qcow2 || bad "check"
+exit $fail
