@@ -65,47 +65,34 @@ qemu-img create -q -f qcow2 a.qcow2 4M
 qemu-io -c 'write -P 7 0 64k' a.qcow2 >/dev/null
 cp a.qcow2 orig.qcow2
 
-# qemu-io holds: every qcowkit command answers as QEMU's own tools do.
-# (Commands that succeed change the image: each runs on a fresh copy held
-# anew, so both tools see the same image.)
-for mode in "" "-r" "-r -U"; do
-  for c in "${cases[@]}"; do
-    IFS='|' read -r -a args <<<"$c"
-    cp orig.qcow2 a.qcow2
-    # shellcheck disable=SC2086
-    hold qemu-io $mode a.qcow2
-    q=$(qemu_answer "${args[@]}")
-    unhold
-    cp orig.qcow2 a.qcow2
-    # shellcheck disable=SC2086
-    hold qemu-io $mode a.qcow2
-    k=$(answer "$QK" "${args[@]}")
-    unhold
-    if [ "$q" != "$k" ]; then
-      bad "qemu-io $mode holds the image: ${args[*]}: differs from QEMU's tools"
-      diff <(echo "$q") <(echo "$k")
-    fi
-  done
-done
+# under HOLDER MODE ASKER ARGS...: what ASKER (qemu: QEMU's tools, qk:
+# ours) answers to ARGS while HOLDER (qemu: qemu-io, qk: our io) holds a
+# fresh copy of the image in MODE. A fresh copy each time, as commands
+# that succeed change the image.
+under() {
+  local holder=$1 mode=$2 asker=$3
+  shift 3
+  cp orig.qcow2 a.qcow2
+  # shellcheck disable=SC2086
+  if [ "$holder" = qemu ]; then hold qemu-io $mode a.qcow2; else hold "$QK" io $mode a.qcow2; fi
+  if [ "$asker" = qemu ]; then qemu_answer "$@"; else answer "$QK" "$@"; fi
+  unhold
+}
 
-# qcowkit holds: QEMU's tools answer as they do when qemu-io holds.
+# Whoever holds the image, each command answers as QEMU's tools answer
+# one another: ours under qemu-io, QEMU's under our io.
 for mode in "" "-r" "-r -U"; do
   for c in "${cases[@]}"; do
     IFS='|' read -r -a args <<<"$c"
-    cp orig.qcow2 a.qcow2
-    # shellcheck disable=SC2086
-    hold qemu-io $mode a.qcow2
-    q=$(qemu_answer "${args[@]}")
-    unhold
-    cp orig.qcow2 a.qcow2
-    # shellcheck disable=SC2086
-    hold "$QK" io $mode a.qcow2
-    k=$(qemu_answer "${args[@]}")
-    unhold
-    if [ "$q" != "$k" ]; then
-      bad "qcowkit io $mode holds the image: QEMU's ${args[*]} answers differently than under qemu-io"
-      diff <(echo "$q") <(echo "$k")
-    fi
+    q=$(under qemu "$mode" qemu "${args[@]}")
+    for who in "qemu qk" "qk qemu"; do
+      # shellcheck disable=SC2086
+      k=$(under ${who% *} "$mode" ${who#* } "${args[@]}")
+      if [ "$q" != "$k" ]; then
+        bad "holder ${who% *} ($mode), asking ${who#* }: ${args[*]}: differs from QEMU's tools among themselves"
+        diff <(echo "$q") <(echo "$k")
+      fi
+    done
   done
 done
 
