@@ -7,6 +7,7 @@
  * (with QK_CHECK_FIX_LEAKS / QK_CHECK_FIX_ERRORS), then runs it again.
  */
 #include "qcow2/check_int.h"
+#include "qcow2/snapshot_int.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -234,6 +235,11 @@ static int coroutine_fn check_snapshots(Check *k)
         if (!qk_range_within(pos, sizeof(fixed), k->file_len) || pos - off > QCOW2_MAX_SNAPSHOT_TABLE_BYTES) {
             ck_say(k, "ERROR snapshot table is truncated");
             k->res->corruptions++;
+            k->partial = true;
+            /* What was read of it is still the table's. */
+            if (qk_range_within(off, 1, k->file_len)) {
+                add_ref(k, off, QK_MIN(pos, k->file_len) - off, CK_META);
+            }
             return 0;
         }
         int r = qk_co_pread(s->bs->file, pos, sizeof(fixed), fixed, 0);
@@ -246,10 +252,21 @@ static int coroutine_fn check_snapshots(Check *k)
         uint16_t id_len = qk_be16_get(fixed + 12), name_len = qk_be16_get(fixed + 14);
         uint32_t extra = qk_be32_get(fixed + 36);
         pos += qk_align_up(40ULL + extra + id_len + name_len, 8);
+        /* What opening the image refuses, as qemu-img reports it (not
+         * repaired: the references are known all the same). */
+        if (extra > QCOW2_SN_MAX_EXTRA) {
+            ck_say(k, "ERROR Too much extra metadata in snapshot table entry %u (%u > %u)", i, extra,
+                   QCOW2_SN_MAX_EXTRA);
+            k->res->corruptions++;
+        } else if (qcow2_is_v3(s) && extra < 16) {
+            ck_say(k, "ERROR snapshot table entry %u is incomplete", i);
+            k->res->corruptions++;
+        }
         if ((uint64_t)l1_size * 8 > QCOW2_MAX_L1_BYTES || !ck_table_ok(k, l1_off, (uint64_t)l1_size * 8)) {
             ck_say(k, "ERROR snapshot %u has an invalid L1 table (offset 0x%llx, %u entries)", i,
                 (unsigned long long)l1_off, l1_size);
             k->res->corruptions++;
+            k->partial = true;
             continue;
         }
         if (referenced(k, l1_off, (uint64_t)l1_size * 8)) {
@@ -259,6 +276,7 @@ static int coroutine_fn check_snapshots(Check *k)
             ck_say(k, "ERROR snapshot %u: its L1 table (offset 0x%llx) overlaps other metadata", i,
                 (unsigned long long)l1_off);
             k->res->corruptions++;
+            k->partial = true;
             continue;
         }
         uint64_t *l1;
@@ -289,6 +307,7 @@ static int coroutine_fn check_bitmaps(Check *k)
         if (dsize > (64ULL << 20) || !ck_table_ok(k, doff, dsize)) {
             ck_say(k, "ERROR bitmap directory is invalid");
             k->res->corruptions++;
+            k->partial = true;
             return 0;
         }
         add_ref(k, doff, dsize, CK_META);
@@ -299,7 +318,8 @@ static int coroutine_fn check_bitmaps(Check *k)
             return 0;
         }
         uint64_t p = 0;
-        for (uint32_t i = 0; i < nb && p + 24 <= dsize; i++) {
+        uint32_t i = 0;
+        for (; i < nb && p + 24 <= dsize; i++) {
             uint64_t toff = qk_be64_get(dir + p);
             uint32_t tsize = qk_be32_get(dir + p + 8);
             uint16_t name = qk_be16_get(dir + p + 18);
@@ -308,6 +328,7 @@ static int coroutine_fn check_bitmaps(Check *k)
             if (!ck_table_ok(k, toff, (uint64_t)tsize * 8)) {
                 ck_say(k, "ERROR bitmap table of bitmap %u is invalid", i);
                 k->res->corruptions++;
+                k->partial = true;
                 continue;
             }
             add_ref(k, toff, (uint64_t)tsize * 8, CK_META);
@@ -324,6 +345,11 @@ static int coroutine_fn check_bitmaps(Check *k)
             }
             free(bt);
         }
+        if (i < nb) {
+            ck_say(k, "ERROR bitmap directory is too small for its %u entries", nb);
+            k->res->corruptions++;
+            k->partial = true;
+        }
         free(dir);
     }
     return 0;
@@ -336,6 +362,7 @@ int coroutine_fn ck_compute(Check *k)
     memset(k->kind, 0, k->nclusters);
     k->n_outside = 0;
     k->outside_overflow = false;
+    k->partial = false;
     add_ref(k, 0, s->cluster_size, CK_META);
     check_l1(k, s->l1, s->l1_offset, s->l1_size, true);
     check_snapshots(k);

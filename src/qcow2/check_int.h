@@ -37,6 +37,11 @@ typedef struct Check {
     uint64_t *outside;
     size_t n_outside, cap_outside;
     bool outside_overflow;
+    /* A structure that holds references (the snapshot table, a snapshot's
+     * L1 table, the bitmap directory or a bitmap table) could not be read
+     * whole: what it references is unknown, so a repair may raise
+     * refcounts but never lower them. */
+    bool partial;
     /* The rebuild also switches the header's refcount_order (amend). */
     bool write_order;
 } Check;

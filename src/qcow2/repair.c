@@ -102,14 +102,22 @@ static int coroutine_fn fix_in_place(Check *k, int fix)
     Qcow2State *s = k->s;
     /* Two passes, as qemu-img reports them: every mismatch found, then
      * what was done about each. */
+    uint64_t leaks = 0;
     for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1 && leaks && k->partial && (fix & QK_CHECK_FIX_LEAKS)) {
+            ck_say(k, "ERROR not freeing the %llu leaked clusters: part of the metadata that may "
+                   "still reference them could not be read", (unsigned long long)leaks);
+        }
         for (uint64_t c = 0; c < k->nclusters; c++) {
             uint64_t rc, ref = k->refs[c];
             if (!ck_stored_rc(k, c, &rc) || rc == ref) {
                 continue;
             }
             bool leak = rc > ref;
-            if (pass == 0 || !(fix & (leak ? QK_CHECK_FIX_LEAKS : QK_CHECK_FIX_ERRORS))) {
+            leaks += pass == 0 && leak;
+            /* Lowering a refcount is only safe when every reference was counted. */
+            bool allowed = (fix & (leak ? QK_CHECK_FIX_LEAKS : QK_CHECK_FIX_ERRORS)) && !(leak && k->partial);
+            if (pass == 0 || !allowed) {
                 ck_say(k, "%s cluster %llu refcount=%llu reference=%llu", leak ? "Leaked" : "ERROR",
                        (unsigned long long)c, (unsigned long long)rc, (unsigned long long)ref);
                 continue;
@@ -168,7 +176,7 @@ static int coroutine_fn fix_copied(Check *k)
         if (!ck_stored_rc(k, off >> s->cluster_bits, &rc)) {
             continue;
         }
-        if (want_copied(rc) != !!(s->l1[i] & QCOW2_OFLAG_COPIED)) {
+        if (want_copied(rc) != !!(s->l1[i] & QCOW2_OFLAG_COPIED) && !(k->partial && want_copied(rc))) {
             if (l1_ok) {
                 uint64_t old = s->l1[i];
                 s->l1[i] = want_copied(rc) ? old | QCOW2_OFLAG_COPIED : old & ~QCOW2_OFLAG_COPIED;
@@ -205,8 +213,8 @@ static int coroutine_fn fix_copied(Check *k)
             } else if (!ck_stored_rc(k, d >> s->cluster_bits, &rc)) {
                 continue;
             }
-            if (want_copied(rc) == !!(e & QCOW2_OFLAG_COPIED)) {
-                continue;
+            if (want_copied(rc) == !!(e & QCOW2_OFLAG_COPIED) || (k->partial && want_copied(rc))) {
+                continue; /* (a cluster counted once may be shared by what could not be read) */
             }
             uint64_t ne = want_copied(rc) ? e | QCOW2_OFLAG_COPIED : e & ~QCOW2_OFLAG_COPIED;
             qcow2_l2_set(s, t, j, ne, bm);
@@ -243,6 +251,10 @@ static int coroutine_fn repair(Check *k, int fix, QkError *err)
         if (r < 0) {
             return qk_error_set_errno(err, r, "Could not write repaired refcounts");
         }
+    } else if ((fix & QK_CHECK_FIX_ERRORS) && k->partial) {
+        /* A rebuild counts only the references it can see. */
+        return qk_error_set(err, -EIO, "the refcount structure must be rebuilt, but part of the metadata "
+                            "could not be read; not repairing, the image is unchanged");
     } else if (fix & QK_CHECK_FIX_ERRORS) {
         ck_say(k, "Rebuilding refcount structure");
         r = ck_rebuild_refcounts(k, err);
