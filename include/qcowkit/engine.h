@@ -317,6 +317,9 @@ const char *qk_block_format_name(const QkBlock *bs);
  * guest could write, say, a qcow2 header naming a host file as backing
  * file, read by the next open that guesses again. */
 bool qk_block_format_probed(const QkBlock *bs);
+/* Why the image stopped taking writes after one would have overwritten
+ * its own metadata (it is then marked corrupt), or NULL. */
+const char *qk_block_corrupt_reason(const QkBlock *bs);
 const char *qk_block_filename(const QkBlock *bs);
 /* The protocol child (NULL for a protocol node) and the backing node
  * (NULL when none or not opened). */

@@ -261,8 +261,12 @@ static int coroutine_fn write_entry(Qcow2Cache *c, int i)
     e->writing = true;
     c->nwriting++;
     e->ref++;
-    r = qk_co_pwrite(c->s->bs->file, e->offset, c->table_size, copy,
-                     QK_REQ_KIND(c == c->s->rb_cache ? QK_IO_REFBLOCK : QK_IO_L2));
+    bool rb = c == c->s->rb_cache;
+    r = qcow2_check_table_write(c->s, e->offset, c->table_size, rb ? QCOW2_OL_REFB : QCOW2_OL_L2);
+    if (r == 0) {
+        r = qk_co_pwrite(c->s->bs->file, e->offset, c->table_size, copy,
+                         QK_REQ_KIND(rb ? QK_IO_REFBLOCK : QK_IO_L2));
+    }
     if (c->spare) {
         free(copy);
     } else {

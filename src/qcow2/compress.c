@@ -274,7 +274,10 @@ static int coroutine_fn write_one(Qcow2State *s, uint64_t c, const uint8_t *buf,
         qcow2_req_end(s, &req);
         return (int)host;
     }
-    r = qk_co_pwrite(s->bs->file, (uint64_t)host, wlen, out, 0);
+    r = qcow2_check_data_write(s, (uint64_t)host, wlen);
+    if (r == 0) {
+        r = qk_co_pwrite(s->bs->file, (uint64_t)host, wlen, out, 0);
+    }
     qk_co_mutex_lock(&s->lock);
     if (r == 0) {
         r = set_entry(s, c, compressed_entry(s, (uint64_t)host, clen));

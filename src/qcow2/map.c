@@ -210,9 +210,11 @@ int coroutine_fn qcow2_get_l2_for_write(Qcow2State *s, uint64_t l1i, void **tabl
     }
     if (r == 0) {
         s->l1[l1i] = (uint64_t)newoff | QCOW2_OFLAG_COPIED;
+        qcow2_meta_changed(s);
         r = qcow2_write_l1_entry(s, l1i);
         if (r < 0) {
             s->l1[l1i] = l1e;
+            qcow2_meta_changed(s);
         }
     }
     if (r == 0 && old) {
@@ -282,6 +284,7 @@ int coroutine_fn qcow2_grow_l1(Qcow2State *s, uint64_t min_size, QkError *err)
     }
     free(s->l1);
     s->l1 = nl1;
+    qcow2_meta_changed(s);
     s->l1_size = (uint32_t)new_size;
     s->l1_offset = (uint64_t)off;
     if (old_size) {

@@ -25,6 +25,15 @@ bool qk_block_is_qcow2(const QkBlock *bs)
     return bs && bs->drv == &qk_drv_qcow2;
 }
 
+const char *qk_block_corrupt_reason(const QkBlock *bs)
+{
+    if (!qk_block_is_qcow2(bs)) {
+        return NULL;
+    }
+    const Qcow2State *s = bs->opaque;
+    return s->meta_corrupt ? s->meta_corrupt_msg : NULL;
+}
+
 static int coroutine_fn load_table(Qcow2State *s, uint64_t off, uint64_t entries, uint64_t alloc_entries,
                                    uint64_t **out)
 {
@@ -57,6 +66,9 @@ static void free_state(Qcow2State *s)
     qcow2_write_free(s);
     s->l1 = s->rt = NULL;
     s->zero_buf = NULL;
+    free(s->meta_list);
+    s->meta_list = NULL;
+    s->meta_list_ok = false;
     qcow2_bitmaps_free_list(s);
     qcow2_bitmaps_forget(s);
     qcow2_data_file_close(s);
@@ -274,6 +286,10 @@ static int coroutine_fn qcow2_close(QkBlock *bs)
         if (r == 0) {
             r = qcow2_fix_stale_copied(s);
         }
+        int cr = qcow2_mark_corrupt_if_needed(s);
+        if (r == 0) {
+            r = cr;
+        }
         if (r == 0 && s->dirty_set_by_us) {
             r = qk_co_flush(bs->file);
             if (r == 0) {
@@ -306,8 +322,9 @@ static int coroutine_fn qcow2_co_flush(QkBlock *bs)
     if (r == 0) {
         r = qcow2_flush_caches(s);
     }
+    int cr = qcow2_mark_corrupt_if_needed(s);
     qk_co_mutex_unlock(&s->lock);
-    return r;
+    return r < 0 ? r : cr;
 }
 
 static int64_t qcow2_get_length(QkBlock *bs)

@@ -248,7 +248,39 @@ struct Qcow2State {
     int compress_level;         /* 0: the type's default (zlib 6, zstd 3) */
     void *cow_pool[4];          /* spare copy-on-write buffers (write.c) */
     unsigned cow_pool_n;
+
+    /* overlap.c: the metadata clusters, sorted, as of meta_built_gen */
+    struct MetaCluster *meta_list;
+    size_t meta_n;
+    bool meta_list_ok;
+    uint64_t meta_gen, meta_built_gen;
+    unsigned meta_checks;
+    bool meta_corrupt;          /* a write over metadata was refused: no more writes */
+    char meta_corrupt_msg[96];
 };
+
+/* overlap.c: the kinds of metadata a write must not overlap. */
+enum {
+    QCOW2_OL_HEADER = 1u << 0,
+    QCOW2_OL_L1 = 1u << 1,
+    QCOW2_OL_L2 = 1u << 2,
+    QCOW2_OL_REFT = 1u << 3,
+    QCOW2_OL_REFB = 1u << 4,
+    QCOW2_OL_BITMAP_DIR = 1u << 5,
+};
+/* The kind of live metadata (other than IGNORE's) in [off, off+len) of
+ * the image file, or 0. */
+unsigned qcow2_meta_overlap(Qcow2State *s, uint64_t off, uint64_t len, unsigned ignore);
+/* 0, or -EIO for a write of guest data over metadata (or any after one):
+ * the image is then to be marked corrupt. */
+int qcow2_check_data_write(Qcow2State *s, uint64_t off, uint64_t len);
+/* The same for a table of KIND written back at its place. */
+int qcow2_check_table_write(Qcow2State *s, uint64_t off, uint64_t len, unsigned kind);
+/* Sets the header's corrupt bit after a refused write (s->lock held). */
+int coroutine_fn qcow2_mark_corrupt_if_needed(Qcow2State *s);
+/* Says the L1 table, the refcount table or the bitmap directory changed
+ * (a table added, moved or dropped). */
+void qcow2_meta_changed(Qcow2State *s);
 
 static inline Qcow2State *qcow2_state(QkBlock *bs) { return bs->opaque; }
 static inline uint64_t qcow2_offset_into_cluster(const Qcow2State *s, uint64_t off) { return off & (s->cluster_size - 1); }

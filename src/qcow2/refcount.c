@@ -329,6 +329,7 @@ static int coroutine_fn alloc_block(Qcow2State *s, uint64_t ti)
             return r;
         }
         s->rt[t] = b << s->cluster_bits;
+        qcow2_meta_changed(s);
         if (t == ti) {
             return 0;
         }
@@ -366,6 +367,7 @@ static int coroutine_fn grow_table(Qcow2State *s, uint64_t need_ti)
         uint64_t old_size = s->rt_size;
         uint64_t old_off = s->rt_offset, old_clusters = s->rt_clusters;
         s->rt = nt;
+        qcow2_meta_changed(s);
         s->rt_size = entries;
         uint64_t saved_rs = s->reserved_start, saved_re = s->reserved_end;
         s->reserved_start = start;
@@ -416,6 +418,7 @@ static int coroutine_fn grow_table(Qcow2State *s, uint64_t need_ti)
                 }
             }
             s->rt = old;
+            qcow2_meta_changed(s);
             s->rt_size = old_size;
             free(nt);
             return r;
@@ -673,12 +676,14 @@ int coroutine_fn qcow2_drop_empty_refblocks(Qcow2State *s)
         qcow2_cache_discard(s->rb_cache, off);
         uint64_t old = s->rt[ti];
         s->rt[ti] = 0;
+        qcow2_meta_changed(s);
         r = qcow2_write_rt_entry(s, ti);
         if (r == 0) {
             r = qk_co_flush(s->bs->file);
         }
         if (r < 0) {
             s->rt[ti] = old;
+            qcow2_meta_changed(s);
             break;
         }
         uint64_t c = off >> s->cluster_bits;

@@ -226,6 +226,7 @@ int coroutine_fn ck_rebuild_refcounts(Check *k, QkError *err)
     }
     free(s->rt);
     s->rt = table;
+    qcow2_meta_changed(s);
     s->rt_size = s->rt_disk_size = l.entries;
     s->rt_offset = s->h.refcount_table_offset;
     s->rt_clusters = (uint32_t)l.table_clusters;

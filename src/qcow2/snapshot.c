@@ -515,6 +515,7 @@ static int coroutine_fn goto_locked(Qcow2State *s, const Qcow2Snapshot *sn, QkEr
     uint64_t old_n = s->l1_size, old_off = s->l1_offset;
     s->l1 = nl1;
     s->l1_size = (uint32_t)new_size;
+    qcow2_meta_changed(s);
     s->l1_offset = (uint64_t)l1off;
     s->bs->size = sn->disk_size;
     /* ...and only then does the old tree lose it. */
@@ -592,6 +593,7 @@ int coroutine_fn qcow2_co_snapshot_load_tmp(QkBlock *bs, const char *id, const c
             free(s->l1);
             s->l1 = nl1;
             s->l1_size = tab[i].l1_size;
+            qcow2_meta_changed(s);
             s->l1_offset = tab[i].l1_offset;
         }
     }
@@ -666,6 +668,7 @@ int coroutine_fn qcow2_drop_l1_tail(Qcow2State *s, uint64_t from)
         any |= (gone[i] & QCOW2_L1E_OFFSET_MASK) != 0;
         s->l1[from + i] = 0;
     }
+    qcow2_meta_changed(s);
     int r = 0;
     if (any) {
         /* Unhooked on disk before the references go. */

@@ -438,8 +438,11 @@ static int coroutine_fn alloc_write(Qcow2State *s, uint64_t off, uint64_t bytes,
             }
         }
         qk_block_debug_event(QK_DBG_WRITE_AIO);
-        r = qk_co_pwritev(s->data, p.host + (fs - start), fe - fs, need_q ? &q : qiov,
-                          need_q ? 0 : qoff, 0);
+        r = qcow2_check_data_write(s, p.host + (fs - start), fe - fs);
+        if (r == 0) {
+            r = qk_co_pwritev(s->data, p.host + (fs - start), fe - fs, need_q ? &q : qiov,
+                              need_q ? 0 : qoff, 0);
+        }
     }
     if (need_q && q.iov != stack_iov) {
         qk_iov_destroy(&q);
@@ -483,7 +486,10 @@ static int coroutine_fn write_chunk(Qcow2State *s, uint64_t off, uint64_t bytes,
     if (r == 0 && ext.type == QCOW2_NORMAL && ext.copied) {
         req.end = off + ext.bytes;
         qk_block_debug_event(QK_DBG_WRITE_AIO);
-        r = qk_co_pwritev(s->data, ext.host, ext.bytes, qiov, qoff, 0);
+        r = qcow2_check_data_write(s, ext.host, ext.bytes);
+        if (r == 0) {
+            r = qk_co_pwritev(s->data, ext.host, ext.bytes, qiov, qoff, 0);
+        }
         qcow2_req_end(s, &req);
         *done = ext.bytes;
         return r;

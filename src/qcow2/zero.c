@@ -26,8 +26,13 @@ enum { MODE_ZERO, MODE_ZERO_UNMAP, MODE_DISCARD, MODE_CUT };
  * file; nothing can reuse it before the caller drops s->lock. */
 static int coroutine_fn free_entry(Qcow2State *s, uint64_t l2e, int mode)
 {
-    int r = qcow2_free_l2_entry(s, l2e);
     uint64_t host = l2e & QCOW2_L2E_OFFSET_MASK;
+    if (host && !(l2e & QCOW2_OFLAG_COMPRESSED) && qcow2_check_data_write(s, host, s->cluster_size) < 0) {
+        /* A corrupt entry naming a table: its refcount is the table's,
+         * never dropped (at worst a leak, which check -r gives back). */
+        return -EIO;
+    }
+    int r = qcow2_free_l2_entry(s, l2e);
     if (qcow2_has_data_file(s)) {
         /* Not counted, and only this entry names it (a raw data file
          * was zeroed there already). */

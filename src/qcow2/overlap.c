@@ -1,0 +1,214 @@
+/*
+ * Writes over live metadata are refused. A corrupt L2 entry (or a refcount
+ * that let a metadata cluster be handed out again) would otherwise turn a
+ * guest write into the destruction of a table: data of every cluster the
+ * table maps lost at once. Every write of guest data into the image file,
+ * and every L2 table and refcount block written back, is checked first
+ * against the header, the active L1 and L2 tables, the refcount table and
+ * blocks and the bitmap directory, as QEMU's default ("cached") check
+ * does. The first hit fails with -EIO, as does every later write of
+ * guest data, and the image is marked corrupt at the next flush or close
+ * (the header's corrupt bit, which only check -r clears). Tables are
+ * still written back where they belong, so what the image holds stays
+ * consistent.
+ *
+ * Cost: a sorted list of the metadata clusters is built when the tables
+ * change (qcow2_meta_changed) and at least every few thousand checks, so
+ * a check is a binary search. A hit in the list is confirmed against the
+ * live tables before anything is refused, so a stale list can never fail a
+ * good write.
+ */
+#include "qcow2/qcow2_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* A list at most this many checks old is trusted to hold every table made
+ * without a qcow2_meta_changed() call (there should be none). */
+#define REBUILD_EVERY 4096
+
+typedef struct MetaCluster {
+    uint64_t c;
+    unsigned kind;
+} MetaCluster;
+
+static const char *kind_name(unsigned kind)
+{
+    switch (kind) {
+    case QCOW2_OL_HEADER: return "qcow2_header";
+    case QCOW2_OL_L1: return "active L1 table";
+    case QCOW2_OL_L2: return "active L2 table";
+    case QCOW2_OL_REFT: return "refcount table";
+    case QCOW2_OL_REFB: return "refcount block";
+    default: return "bitmap directory";
+    }
+}
+
+void qcow2_meta_changed(Qcow2State *s)
+{
+    s->meta_gen++;
+}
+
+/* Calls fn for every metadata cluster range [first, last]. */
+static bool each_meta(Qcow2State *s, bool (*fn)(void *, uint64_t, uint64_t, unsigned), void *o)
+{
+    uint64_t cs = s->cluster_size;
+    if (!fn(o, 0, 0, QCOW2_OL_HEADER)) {
+        return false;
+    }
+    if (s->l1_size && !fn(o, s->l1_offset / cs, (s->l1_offset + (uint64_t)s->l1_size * 8 - 1) / cs, QCOW2_OL_L1)) {
+        return false;
+    }
+    for (uint32_t i = 0; i < s->l1_size; i++) {
+        uint64_t off = s->l1[i] & QCOW2_L1E_OFFSET_MASK;
+        if (off && !fn(o, off / cs, off / cs, QCOW2_OL_L2)) {
+            return false;
+        }
+    }
+    if (s->rt_clusters &&
+        !fn(o, s->rt_offset / cs, s->rt_offset / cs + s->rt_clusters - 1, QCOW2_OL_REFT)) {
+        return false;
+    }
+    for (uint64_t i = 0; i < s->rt_size; i++) {
+        uint64_t off = s->rt[i] & QCOW2_REFT_OFFSET_MASK;
+        if (off && !fn(o, off / cs, off / cs, QCOW2_OL_REFB)) {
+            return false;
+        }
+    }
+    if (s->bm_disk.size && !fn(o, s->bm_disk.off / cs, (s->bm_disk.off + s->bm_disk.size - 1) / cs,
+                               QCOW2_OL_BITMAP_DIR)) {
+        return false;
+    }
+    return true;
+}
+
+typedef struct Collect {
+    MetaCluster *v;
+    size_t n, cap;
+} Collect;
+
+static bool collect(void *o, uint64_t first, uint64_t last, unsigned kind)
+{
+    Collect *c = o;
+    for (uint64_t x = first; x <= last; x++) {
+        if (c->n == c->cap) {
+            size_t cap = c->cap ? c->cap * 2 : 64;
+            MetaCluster *v = realloc(c->v, cap * sizeof(*v));
+            if (!v) {
+                return false;
+            }
+            c->v = v;
+            c->cap = cap;
+        }
+        c->v[c->n++] = (MetaCluster){.c = x, .kind = kind};
+    }
+    return true;
+}
+
+static int cmp_cluster(const void *a, const void *b)
+{
+    uint64_t x = ((const MetaCluster *)a)->c, y = ((const MetaCluster *)b)->c;
+    return x < y ? -1 : x > y;
+}
+
+static void rebuild(Qcow2State *s)
+{
+    Collect c = {0};
+    free(s->meta_list);
+    s->meta_list = NULL;
+    s->meta_n = 0;
+    if (each_meta(s, collect, &c)) {
+        qsort(c.v, c.n, sizeof(*c.v), cmp_cluster);
+        s->meta_list = c.v;
+        s->meta_n = c.n;
+    } else {
+        free(c.v);
+    }
+    s->meta_list_ok = s->meta_list != NULL;
+    s->meta_built_gen = s->meta_gen;
+    s->meta_checks = 0;
+}
+
+typedef struct Exact {
+    uint64_t c0, c1;
+    unsigned ignore, hit;
+} Exact;
+
+static bool exact(void *o, uint64_t first, uint64_t last, unsigned kind)
+{
+    Exact *e = o;
+    if (!(kind & e->ignore) && first <= e->c1 && e->c0 <= last) {
+        e->hit = kind;
+        return false;
+    }
+    return true;
+}
+
+unsigned qcow2_meta_overlap(Qcow2State *s, uint64_t off, uint64_t len, unsigned ignore)
+{
+    if (!len) {
+        return 0;
+    }
+    uint64_t c0 = off >> s->cluster_bits, c1 = (off + len - 1) >> s->cluster_bits;
+    if (s->meta_built_gen != s->meta_gen || !s->meta_list_ok || ++s->meta_checks > REBUILD_EVERY) {
+        rebuild(s);
+    }
+    if (s->meta_list_ok) {
+        /* First entry at or after c0. */
+        size_t lo = 0, hi = s->meta_n;
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (s->meta_list[mid].c < c0) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        bool candidate = false;
+        for (size_t i = lo; i < s->meta_n && s->meta_list[i].c <= c1 && !candidate; i++) {
+            candidate = !(s->meta_list[i].kind & ignore);
+        }
+        if (!candidate) {
+            return 0;
+        }
+    }
+    Exact e = {.c0 = c0, .c1 = c1, .ignore = ignore};
+    each_meta(s, exact, &e);
+    return e.hit;
+}
+
+static int refuse(Qcow2State *s, unsigned hit)
+{
+    if (!s->meta_corrupt) {
+        s->meta_corrupt = true;
+        snprintf(s->meta_corrupt_msg, sizeof(s->meta_corrupt_msg),
+                 "Preventing invalid write on metadata (overlaps with %s)", kind_name(hit));
+    }
+    return -EIO;
+}
+
+int qcow2_check_data_write(Qcow2State *s, uint64_t off, uint64_t len)
+{
+    if (qcow2_has_data_file(s)) {
+        return 0; /* guest data has a file of its own */
+    }
+    if (s->meta_corrupt) {
+        return -EIO;
+    }
+    unsigned hit = qcow2_meta_overlap(s, off, len, 0);
+    return hit ? refuse(s, hit) : 0;
+}
+
+int qcow2_check_table_write(Qcow2State *s, uint64_t off, uint64_t len, unsigned kind)
+{
+    unsigned hit = qcow2_meta_overlap(s, off, len, kind);
+    return hit ? refuse(s, hit) : 0;
+}
+
+int coroutine_fn qcow2_mark_corrupt_if_needed(Qcow2State *s)
+{
+    if (!s->meta_corrupt || (s->h.incompatible_features & QCOW2_INCOMPAT_CORRUPT)) {
+        return 0;
+    }
+    return qcow2_set_incompat(s, s->h.incompatible_features | QCOW2_INCOMPAT_CORRUPT);
+}
