@@ -46,8 +46,9 @@ static int coroutine_fn get_extent(QkBlock *top, uint64_t off, uint64_t bytes, E
             return r;
         }
         if (r & QK_BS_EOF || n == 0) {
-            /* Past the end of a shorter backing file: reads as zeros. */
-            *e = (Extent){.start = off, .length = bytes, .depth = depth, .zero = true};
+            /* Past the end of a shorter backing file: reads as zeros,
+             * told (as qemu-img tells it) at the depth of the layer above. */
+            *e = (Extent){.start = off, .length = bytes, .depth = depth ? depth - 1 : 0, .zero = true};
             return 0;
         }
         if (r & QK_BS_ALLOCATED || !qk_block_backing(b)) {
@@ -80,7 +81,8 @@ static bool mergeable(const Extent *a, const Extent *b)
     return true;
 }
 
-static void print_extent(const Extent *e, bool json, bool first)
+/* Returns -1 (after the message) for what the human table cannot show. */
+static int print_extent(const Extent *e, bool json, bool first)
 {
     if (json) {
         printf("%s{ \"start\": %" PRIu64 ", \"length\": %" PRIu64 ", \"depth\": %d, \"present\": %s,"
@@ -91,16 +93,23 @@ static void print_extent(const Extent *e, bool json, bool first)
             printf(", \"offset\": %" PRIu64, e->offset);
         }
         printf("}");
-        return;
+        return 0;
     }
-    /* The human table lists only ranges with data at a known host place. */
-    if (e->data && e->has_offset) {
+    /* The human table lists ranges with data and their host place: data
+     * with no such place (compressed) ends it, as in qemu-img. */
+    if (e->data && !e->has_offset) {
+        fflush(stdout);
+        qk_tool_error("File contains external, encrypted or compressed clusters.");
+        return -1;
+    }
+    if (e->data && !e->zero) {
         char a[32], b[32], c[32];
         snprintf(a, sizeof(a), "%#" PRIx64, e->start);
         snprintf(b, sizeof(b), "%#" PRIx64, e->length);
         snprintf(c, sizeof(c), "%#" PRIx64, e->offset);
         printf("%-16s%-16s%-16s%s\n", a, b, c, e->file);
     }
+    return 0;
 }
 
 static void coroutine_fn map_entry(void *opaque)
@@ -126,14 +135,20 @@ static void coroutine_fn map_entry(void *opaque)
             continue;
         }
         if (have) {
-            print_extent(&cur, m->json, first);
+            if (print_extent(&cur, m->json, first) < 0) {
+                m->ret = 1;
+                return;
+            }
             first = false;
         }
         cur = next;
         have = true;
     }
     if (have) {
-        print_extent(&cur, m->json, first);
+        if (print_extent(&cur, m->json, first) < 0) {
+            m->ret = 1;
+            return;
+        }
         first = false;
     }
     if (m->json) {

@@ -128,7 +128,8 @@ static int coroutine_fn check_l2(Check *k, uint64_t l2off, bool active)
                 k->res->compressed_clusters++;
                 k->res->fragmented_clusters++;
             }
-            next_contig = 0;
+            /* Each counts as fragmented; the run of the clusters around
+             * it is not broken, as qemu-img counts them. */
             continue;
         }
         uint64_t off = e & QCOW2_L2E_OFFSET_MASK;

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# map (human and JSON) and check's allocation figures against qemu-img on
+# the same images, byte for byte with exit status:
+#  - a backing file shorter than the image (qcow2 and raw): past its end
+#    the range is told at the depth of the layer above, as qemu-img does;
+#  - compressed clusters: JSON lists them; the human table stops there
+#    with qemu-img's error and exit status 1;
+#  - data, zero writes, discards, extended L2 subclusters, a 3-layer chain;
+#  - check's allocated/fragmented/compressed counts with compressed
+#    clusters between plain ones.
+# The run uses the ASan build when there is one. Exit 0 pass, 1 fail.
+. "$SRC_DIR/tests/interop/snapshot-lib.bash"
+
+same() { # WHAT ARGS...: qemu-img ARGS and ours print the same (each stream) and exit alike
+  local what=$1 q k
+  shift
+  q=$(qemu-img "$@" 2>err.txt; echo "rc=$?"; echo "stderr:"; cat err.txt)
+  k=$("$QK" "$@" 2>err.txt; echo "rc=$?"; echo "stderr:"; cat err.txt)
+  q=$(echo "$q" | sed 's/^qemu-img:/TOOL:/')
+  k=$(echo "$k" | sed 's/^qcowkit:/TOOL:/')
+  if [ "$q" != "$k" ]; then
+    bad "$what: $*: differs from qemu-img"
+    diff <(echo "$q") <(echo "$k")
+  fi
+}
+
+qemu-img create -q -f qcow2 b2.qcow2 1M
+qemu-io -c 'write -P 1 0 512k' b2.qcow2 >/dev/null
+qemu-img create -q -f qcow2 -b b2.qcow2 -F qcow2 t2.qcow2 3M
+qemu-io -c 'write -P 2 2M 64k' t2.qcow2 >/dev/null
+qemu-img create -q -f raw b.raw 1M
+qemu-io -f raw -c 'write -P 3 0 4k' b.raw >/dev/null
+qemu-img create -q -f qcow2 -b b.raw -F raw t3.qcow2 3M
+qemu-img create -q -f qcow2 -b t2.qcow2 -F qcow2 t4.qcow2 4M
+qemu-io -c 'write -z 0 64k' -c 'discard 2M 64k' t4.qcow2 >/dev/null
+
+qemu-img create -q -f qcow2 c.qcow2 1M
+qemu-io -c 'write -P 1 0 64k' -c 'write -c -P 2 64k 64k' -c 'write -P 3 128k 64k' -c 'write -c -P 4 256k 64k' c.qcow2 >/dev/null
+
+qemu-img create -q -f qcow2 -o extended_l2=on e.qcow2 2M
+qemu-io -c 'write -P 5 2k 2k' -c 'write -P 6 70000 3000' -c 'write -z 1M 4k' -c 'discard 128k 8k' e.qcow2 >/dev/null
+
+for img in t2.qcow2 t3.qcow2 t4.qcow2 c.qcow2 e.qcow2; do
+  same "$img" map "$img"
+  same "$img" map --output=json "$img"
+done
+same "check counts" check --output=json c.qcow2
+same "check counts" check c.qcow2
+exit $fail
