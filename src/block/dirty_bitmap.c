@@ -61,6 +61,10 @@ QkDirtyBitmap *qk_dirty_bitmap_find(QkBlock *bs, const char *name)
 QkDirtyBitmap *qk_dirty_bitmap_add_persistent(QkBlock *bs, const char *name, uint64_t granularity,
                                               QkError *err)
 {
+    if (!name || !*name) {
+        qk_error_set(err, -EINVAL, "Bitmap name cannot be empty");
+        return NULL;
+    }
     if (qk_dirty_bitmap_find(bs, name)) {
         qk_error_set(err, -EEXIST, "Bitmap already exists: %s", name);
         return NULL;

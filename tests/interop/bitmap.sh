@@ -59,6 +59,7 @@ run_both "add" --add IMG a
 run_both "add twice" --add IMG a
 run_both "no op" IMG a
 run_both "no name" --add IMG
+run_both "empty name" --add IMG ""
 run_both "bad granularity" --add -g 100 IMG g
 run_both "huge granularity" --add -g 4G IMG g
 run_both "small granularity" --add -g 1k IMG g
