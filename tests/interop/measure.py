@@ -152,6 +152,8 @@ for f in inputs:
 case("-f raw on qcow2", ["-f", "raw", "-O", "qcow2", "top.qcow2"])
 case("-f qcow2 explicit", ["-f", "qcow2", "-O", "qcow2", "bm.qcow2"])
 case("-U", ["-U", "-O", "qcow2", "part.qcow2"])
+case("-o backing_file: every cluster counted", ["-O", "qcow2", "-o", "backing_file=part.qcow2,backing_fmt=qcow2", "top.qcow2"])
+case("-o backing_file with --size", ["-O", "qcow2", "-o", "backing_file=part.qcow2", "--size", "1G"])
 for l in ("sn1", "1", "sn2", "2", "snapshot.name=sn1", "snapshot.id=2", "snapshot.id=1,snapshot.name=sn1"):
     case("-l %s" % l, ["-l", l, "-O", "qcow2", "--output=json", "snap.qcow2"])
     case("-l %s -> raw" % l, ["-l", l, "snap.qcow2"])
