@@ -246,6 +246,10 @@ int coroutine_fn qcow2_co_make_empty(QkBlock *bs)
     if (r == 0) {
         r = qcow2_flush_caches(s);
     }
+    if (r == 0 && !qcow2_has_data_file(s)) {
+        /* The freed tail goes back to the host, as after qemu-img commit. */
+        r = trim_file(s);
+    }
     qk_co_mutex_unlock(&s->lock);
     return r;
 }
