@@ -610,7 +610,8 @@ static int coroutine_fn file_create(const char *filename, const QkCreateOptions 
     QkFileLock *lock = NULL;
     int r = qk_file_lock_acquire(fd, filename, QK_PERM_WRITE | QK_PERM_RESIZE, QK_PERM_ALL & ~QK_PERM_RESIZE,
                                  &lock, err);
-    if (r == 0 && ftruncate(fd, 0) < 0) {
+    struct stat st;
+    if (r == 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ftruncate(fd, 0) < 0) {
         r = qk_error_set_errno(err, -errno, "Could not resize file");
     }
     if (r == 0) {
