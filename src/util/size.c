@@ -50,11 +50,26 @@ int qk_parse_uint(const char *s, uint64_t *out)
 
 int qk_parse_size(const char *s, uint64_t *out)
 {
+    while (s && isspace((unsigned char)*s)) {
+        s++; /* as qemu-img's sizes: leading blanks are skipped */
+    }
     if (!s || !(isdigit((unsigned char)*s) || *s == '.')) {
         return -EINVAL;
     }
     char *end;
     errno = 0;
+    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+        /* Hexadecimal bytes, with neither fraction nor suffix (qemu-img's rule). */
+        unsigned long long hv = strtoull(s, &end, 16);
+        if (errno == ERANGE) {
+            return -ERANGE;
+        }
+        if (end == s + 2 || *end) {
+            return -EINVAL;
+        }
+        *out = hv;
+        return 0;
+    }
     unsigned long long ival = strtoull(s, &end, 10);
     if (errno == ERANGE) {
         return -ERANGE;
