@@ -141,10 +141,22 @@ static int run(int argc, char **argv)
     a.c.o.format = a.fmt;
     char prefix[4096];
     snprintf(prefix, sizeof(prefix), "%s: ", a.filename);
+    /* -b and -F win over backing_file and backing_fmt in -o, as in qemu-img. */
+    const char *cli_backing = a.c.o.backing_file, *cli_backing_fmt = a.c.o.backing_fmt;
     for (int i = 0; i < nlists; i++) {
         if (qk_tool_create_opts_parse(&a.c, is_qcow2(&a), opt_lists[i], prefix) < 0) {
             return 1;
         }
+    }
+    if (cli_backing) {
+        a.c.o.backing_file = cli_backing;
+    }
+    if (cli_backing_fmt) {
+        a.c.o.backing_fmt = cli_backing_fmt;
+    }
+    if (optind < argc && a.c.o.size_set) {
+        qk_tool_error("%s: The image size must be specified only once", a.filename);
+        return 1;
     }
     if (optind < argc) {
         const char *s = argv[optind++];
