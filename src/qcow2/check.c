@@ -323,9 +323,37 @@ static int coroutine_fn check_bitmaps(Check *k)
         for (; i < nb && p + 24 <= dsize; i++) {
             uint64_t toff = qk_be64_get(dir + p);
             uint32_t tsize = qk_be32_get(dir + p + 8);
+            uint32_t flags = qk_be32_get(dir + p + 12);
+            uint8_t type = dir[p + 16], gbits = dir[p + 17];
             uint16_t name = qk_be16_get(dir + p + 18);
             uint32_t extra = qk_be32_get(dir + p + 20);
             p += qk_align_up(24ULL + extra + name, 8);
+            /* What the specification allows (an image with anything else
+             * is one qemu-img will not open). */
+            if (type != 1) {
+                ck_say(k, "ERROR bitmap %u has type %u (only 1, dirty tracking, exists)", i, type);
+                k->res->corruptions++;
+            }
+            if (gbits < 9 || gbits > 31) {
+                ck_say(k, "ERROR bitmap %u has granularity bits %u (9 to 31 allowed)", i, gbits);
+                k->res->corruptions++;
+            } else {
+                uint64_t bits = QK_DIV_ROUND_UP(s->h.size, 1ULL << gbits);
+                uint64_t want = QK_DIV_ROUND_UP(QK_DIV_ROUND_UP(bits, 8), s->cluster_size);
+                if (tsize != want) {
+                    ck_say(k, "ERROR bitmap %u: its table has %u entries, the image size needs %llu", i, tsize,
+                           (unsigned long long)want);
+                    k->res->corruptions++;
+                }
+            }
+            if (flags & ~(uint32_t)(QCOW2_BME_IN_USE | QCOW2_BME_AUTO | QCOW2_BME_EXTRA_COMPAT)) {
+                ck_say(k, "ERROR bitmap %u has unknown flags 0x%x", i, flags);
+                k->res->corruptions++;
+            }
+            if (name == 0) {
+                ck_say(k, "ERROR bitmap %u has no name", i);
+                k->res->corruptions++;
+            }
             if (!ck_table_ok(k, toff, (uint64_t)tsize * 8)) {
                 ck_say(k, "ERROR bitmap table of bitmap %u is invalid", i);
                 k->res->corruptions++;

@@ -222,4 +222,36 @@ out=$("$QK" io -c 'write 0 4k' u.qcow2 2>&1) && bad "opened read-write over a bi
 echo "$out" | grep -q "unknown flags" || { bad "unknown flags message"; echo "$out"; }
 cmp -s u.qcow2 u.before || bad "a refused open changed the image"
 "$QK" info u.qcow2 >/dev/null || bad "info (read-only) refused an image with unknown bitmap flags"
+
+# check names what the specification forbids in a directory entry (an
+# image qemu-img will not open at all): the type, the granularity, unknown
+# flags, a table whose size does not match the image.
+qemu-img create -q -f qcow2 bd.qcow2 64M
+qemu-img bitmap --add bd.qcow2 bm
+qemu-io -c 'write 0 64k' bd.qcow2 >/dev/null
+dir=$(python3 - bd.qcow2 <<'PY'
+import struct, sys
+h = open(sys.argv[1], "rb").read(4096)
+p = struct.unpack(">I", h[100:104])[0]
+while p + 8 <= len(h):
+    t, l = struct.unpack(">II", h[p:p + 8])
+    if t == 0:
+        break
+    if t == 0x23852875:
+        print(struct.unpack(">Q", h[p + 24:p + 32])[0])
+    p += 8 + ((l + 7) & ~7)
+PY
+)
+for d in "16 \x02 has type 2" "17 \x08 granularity bits 8" "12 \x00\x00\x00\x10 unknown flags 0x10" \
+         "8 \x00\x00\x00\x05 table has 5 entries"; do
+  read -r off bytes msg <<<"$d"
+  cp bd.qcow2 bdd.qcow2
+  printf "$bytes" | dd of=bdd.qcow2 bs=1 seek=$((dir + off)) conv=notrunc 2>/dev/null
+  out=$("$QK" check bdd.qcow2 2>&1)
+  st=$?
+  [ $st -eq 2 ] || bad "bitmap entry, $msg: check exit $st, not 2"
+  echo "$out" | grep -q "$msg" || { bad "bitmap entry, $msg: not named"; echo "$out"; }
+  qemu-img check bdd.qcow2 >/dev/null 2>&1 && bad "bitmap entry, $msg: qemu-img accepts it (the damage is wrong)"
+done
+"$QK" check bd.qcow2 >/dev/null || bad "bitmap entry: the undamaged image does not check clean"
 exit $fail
