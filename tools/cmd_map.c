@@ -13,8 +13,8 @@
 #include <string.h>
 
 static const char *const usage_text =
-    "Usage: qcowkit map [-f FMT] [--output=human|json] [--start-offset=OFF]\n"
-    "                   [--max-length=LEN] [-U] FILE\n"
+    "Usage: qcowkit map [-f FMT] [--output=human|json] [-s|--start-offset=OFF]\n"
+    "                   [-l|--max-length=LEN] [-U] FILE\n"
     "\n"
     "Lists the image's extents: which layer of the backing chain holds each\n"
     "range and where in which host file (human: data extents only; json: all).\n";
@@ -174,7 +174,7 @@ static int run(int argc, char **argv)
     int flags = 0, c;
     opterr = 0;
     optind = 1;
-    while ((c = getopt_long(argc, argv, ":f:hU", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":f:hUs:l:", longopts, NULL)) != -1) {
         switch (c) {
         case 'f': fmt = optarg; break;
         case 'U': flags |= QK_OPEN_FORCE_SHARE; break;
@@ -183,14 +183,14 @@ static int run(int argc, char **argv)
                 return 1;
             }
             break;
-        case OPT_START:
+        case 's': case OPT_START:
             if (qk_parse_size(optarg, &m.start) < 0) {
                 qk_tool_error("Invalid start offset specified! You may use k, M, G, T, P or E suffixes "
                               "for kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.");
                 return 1;
             }
             break;
-        case OPT_MAXLEN:
+        case 'l': case OPT_MAXLEN:
             if (qk_parse_size(optarg, &max_len) < 0) {
                 qk_tool_error("Invalid length specified! You may use k, M, G, T, P or E suffixes "
                               "for kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.");

@@ -43,6 +43,7 @@ qemu-io -c 'write -P 5 2k 2k' -c 'write -P 6 70000 3000' -c 'write -z 1M 4k' -c 
 for img in t2.qcow2 t3.qcow2 t4.qcow2 c.qcow2 e.qcow2; do
   same "$img" map "$img"
   same "$img" map --output=json "$img"
+  same "$img" map --output=json -s 768k -l 1M "$img"
 done
 same "check counts" check --output=json c.qcow2
 same "check counts" check c.qcow2
