@@ -82,6 +82,9 @@ typedef struct QkToolCreateOpts {
 } QkToolCreateOpts;
 void qk_tool_create_opts_help(bool qcow2, const char *kind); /* "Supported <kind>options:" */
 bool qk_tool_opt_list_valid(const char *list);
+/* The next item of a -o list, cut out in place (",," stands for a comma
+ * in a value, as in qemu-img; empty items are skipped), or NULL. */
+char *qk_tool_opt_next(char **cursor);
 int qk_tool_create_opts_parse(QkToolCreateOpts *a, bool qcow2, char *list, const char *prefix);
 const char *qk_tool_create_opts_check(QkToolCreateOpts *a, bool qcow2, char *why, size_t len);
 /* convert --bitmaps (tools/convert_bitmaps.c): whether src's persistent

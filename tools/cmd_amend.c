@@ -247,7 +247,8 @@ static int run_amend(int argc, char **argv)
         qk_tool_error("Format driver '%s' does not support option amendment", qk_block_format_name(c.bs));
         goto out;
     }
-    for (char *save = NULL, *kv = strtok_r(options, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+    char *cursor = options;
+    for (char *kv = qk_tool_opt_next(&cursor); kv; kv = qk_tool_opt_next(&cursor)) {
         if (parse_one(&c, kv)) {
             goto out;
         }

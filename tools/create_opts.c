@@ -51,6 +51,31 @@ bool qk_tool_opt_list_valid(const char *list)
     return list[strspn(list, ",")] != '\0';
 }
 
+char *qk_tool_opt_next(char **cursor)
+{
+    char *p = *cursor;
+    while (*p == ',' && p[1] != ',') {
+        p++; /* empty items are skipped */
+    }
+    if (!*p) {
+        *cursor = p;
+        return NULL;
+    }
+    char *item = p, *w = p;
+    while (*p && !(*p == ',' && p[1] != ',')) {
+        if (*p == ',') {
+            p++; /* ",," is a comma of the value */
+        }
+        *w++ = *p++;
+    }
+    if (*p == ',') {
+        p++;
+    }
+    *w = '\0';
+    *cursor = p;
+    return item;
+}
+
 static int apply_opt(QkToolCreateOpts *a, bool qcow2, char *kv, const char *prefix)
 {
     char *eq = strchr(kv, '=');
@@ -115,8 +140,8 @@ int qk_tool_create_opts_parse(QkToolCreateOpts *a, bool qcow2, char *list, const
         qk_tool_error("Invalid option list: %s", list);
         return -1;
     }
-    char *save = NULL;
-    for (char *kv = strtok_r(list, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+    char *cursor = list;
+    for (char *kv = qk_tool_opt_next(&cursor); kv; kv = qk_tool_opt_next(&cursor)) {
         if (apply_opt(a, qcow2, kv, prefix) < 0) {
             return -1;
         }
