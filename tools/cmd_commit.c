@@ -159,7 +159,7 @@ static int run_commit(int argc, char **argv)
      * copies the rest of its cluster from them, and a zero write must
      * hide them. A guessed format is guessed again, so a raw base keeps
      * its first sector protected while written. */
-    QkOpenOptions bo = {.flags = (flags | QK_OPEN_RDWR) & ~QK_OPEN_NO_BACKING,
+    QkOpenOptions bo = {.flags = ((flags | QK_OPEN_RDWR | QK_OPEN_TAKE_OVER) & ~QK_OPEN_NO_BACKING),
                         .format = qk_block_format_probed(b) ? NULL : qk_block_format_name(b)};
     c.base = qk_block_open(qk_block_filename(b), &bo, &err);
     if (!c.base) {

@@ -163,6 +163,11 @@ enum {
     QK_OPEN_FORCE_SHARE = 1 << 5,
     QK_OPEN_CHECK = 1 << 6,        /* opened by check: tolerate some corruption */
     QK_OPEN_LOAD_BITMAPS = 1 << 7, /* read-only too: load the persistent bitmaps (a merge source) */
+    /* Read-write over a file this process already has open read-only, in
+     * a backing chain that never reads what this node writes (commit's
+     * base). Otherwise the image lock refuses it, as it refuses a second
+     * writer or a reader after a writer within the process. */
+    QK_OPEN_TAKE_OVER = 1 << 8,
 };
 
 /* Request flags. */

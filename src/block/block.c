@@ -266,7 +266,7 @@ static int coroutine_fn lock_image(QkBlock *file, const QkBlockDriver *drv, int 
     if (flags & QK_OPEN_FORCE_SHARE) {
         shared = QK_PERM_ALL;
     }
-    return qk_file_node_lock(file, perm, shared, err);
+    return qk_file_node_lock(file, perm, shared, (flags & QK_OPEN_TAKE_OVER) != 0, err);
 }
 
 bool qk_block_probes_not_raw(const uint8_t *buf)

@@ -181,7 +181,7 @@ QkBlock *coroutine_fn qk_co_protocol_open(const char *filename, int flags, QkErr
 QkBlock *coroutine_fn qk_co_file_open(const char *filename, int flags, QkError *err);
 /* Takes the image lock of a host-file node (file_lock.h's permissions);
  * nothing for other protocols. Released when the node closes. */
-int qk_file_node_lock(QkBlock *bs, unsigned perm, unsigned shared, QkError *err);
+int qk_file_node_lock(QkBlock *bs, unsigned perm, unsigned shared, bool take_over, QkError *err);
 
 /* In-flight accounting for work that is not a request (e.g. VM-state
  * writes) but must hold off drain and close. */

@@ -56,7 +56,7 @@ typedef struct FileState {
     QkFileLock *lock;        /* this node's image lock (qk_file_node_lock) */
 } FileState;
 
-int qk_file_node_lock(QkBlock *bs, unsigned perm, unsigned shared, QkError *err)
+int qk_file_node_lock(QkBlock *bs, unsigned perm, unsigned shared, bool take_over, QkError *err)
 {
     if (bs->drv != &qk_drv_file) {
         return 0; /* exports and RBD images are their servers' to guard */
@@ -65,7 +65,7 @@ int qk_file_node_lock(QkBlock *bs, unsigned perm, unsigned shared, QkError *err)
     if (s->lock) {
         return 0;
     }
-    return qk_file_lock_acquire(s->fd, bs->filename, perm, shared, &s->lock, err);
+    return qk_file_lock_acquire(s->fd, bs->filename, perm, shared, take_over, &s->lock, err);
 }
 
 /* fdatasync, logged as a flush when the write log is on. */
@@ -609,7 +609,7 @@ static int coroutine_fn file_create(const char *filename, const QkCreateOptions 
      * checks: its lock is held until the new file is sized. */
     QkFileLock *lock = NULL;
     int r = qk_file_lock_acquire(fd, filename, QK_PERM_WRITE | QK_PERM_RESIZE, QK_PERM_ALL & ~QK_PERM_RESIZE,
-                                 &lock, err);
+                                 false, &lock, err);
     struct stat st;
     if (r == 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ftruncate(fd, 0) < 0) {
         r = qk_error_set_errno(err, -errno, "Could not resize file");

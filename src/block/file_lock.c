@@ -40,6 +40,7 @@ typedef struct LockedFile {
     unsigned held[NPERM];       /* users holding permission i */
     unsigned unshared[NPERM];   /* users not sharing permission i */
     unsigned locked;            /* bytes locked: bit i = 100 + i, bit 4 + i = 200 + i */
+    unsigned excl_writers;      /* nodes of this process writing and sharing no write */
     struct LockedFile *next;
 } LockedFile;
 
@@ -134,8 +135,8 @@ static bool unsupported(int r)
     return r == -EINVAL || r == -ENOLCK || r == -EOPNOTSUPP || r == -ENOSYS;
 }
 
-int qk_file_lock_acquire(int fd, const char *filename, unsigned perm, unsigned shared, QkFileLock **out,
-                         QkError *err)
+int qk_file_lock_acquire(int fd, const char *filename, unsigned perm, unsigned shared, bool take_over,
+                         QkFileLock **out, QkError *err)
 {
     *out = NULL;
     unsigned unshared = ~shared & QK_PERM_ALL;
@@ -163,11 +164,33 @@ int qk_file_lock_acquire(int fd, const char *filename, unsigned perm, unsigned s
         *l = (LockedFile){.dev = st.st_dev, .ino = st.st_ino, .fd = lfd, .next = registry};
         registry = l;
     }
+    /* Within the process, QEMU's permission rules: a writer needs every
+     * other node to share writes, and a node that shares none needs no
+     * other to write. Two qcow2 writers would each keep metadata of their
+     * own and overwrite each other's; a reader after a writer would read
+     * tables not yet written back. A writer after readers that share no
+     * writes is allowed only when it says they never read what it writes
+     * (take_over: commit's base under the chain). -U reads knowingly. */
+    bool writes = perm & QK_PERM_WRITE;
+    bool excl = writes && !(shared & QK_PERM_WRITE);
+    const char *why = NULL;
+    if (writes && (l->excl_writers || (l->unshared[1] && !take_over))) {
+        why = l->excl_writers ? "already open read-write" : "already open by a reader that shares no writes";
+    } else if (!(shared & QK_PERM_WRITE) && l->held[1]) {
+        why = "already open read-write";
+    }
+    if (why) {
+        pthread_mutex_unlock(&registry_lock); /* (the other node holds l: it stays) */
+        return qk_error_set(err, -EBUSY, "Failed to get %s\"write\" lock\nThe image is %s in this process [%s]",
+                            writes ? "" : "shared ", why, filename);
+    }
     l->refs++;
+    l->excl_writers += excl;
     count(l, perm, unshared, 1);
     int r = sync_bytes(l);
     if (unsupported(r)) {
         count(l, perm, unshared, -1);
+        l->excl_writers -= excl;
         sync_bytes(l);
         release(l);
         pthread_mutex_unlock(&registry_lock);
@@ -194,6 +217,7 @@ int qk_file_lock_acquire(int fd, const char *filename, unsigned perm, unsigned s
     }
     if (r < 0 || what) {
         count(l, perm, unshared, -1);
+        l->excl_writers -= excl;
         sync_bytes(l);
         release(l);
         pthread_mutex_unlock(&registry_lock);
@@ -221,6 +245,7 @@ void qk_file_lock_release(QkFileLock *u)
     }
     pthread_mutex_lock(&registry_lock);
     count(u->file, u->perm, u->unshared, -1);
+    u->file->excl_writers -= (u->perm & QK_PERM_WRITE) && (u->unshared & QK_PERM_WRITE);
     sync_bytes(u->file);
     release(u->file);
     pthread_mutex_unlock(&registry_lock);

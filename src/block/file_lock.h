@@ -21,8 +21,8 @@ typedef struct QkFileLock QkFileLock;
  * Fails (-EAGAIN, QEMU's message naming FILENAME) when another process
  * holds what we refuse to share or refuses what we take. *OUT is NULL
  * when nothing was locked (file systems without OFD locks). */
-int qk_file_lock_acquire(int fd, const char *filename, unsigned perm, unsigned shared, QkFileLock **out,
-                         QkError *err);
+int qk_file_lock_acquire(int fd, const char *filename, unsigned perm, unsigned shared, bool take_over,
+                         QkFileLock **out, QkError *err);
 void qk_file_lock_release(QkFileLock *lock);
 
 #endif

@@ -7,6 +7,8 @@
 #    export), QEMU's tools get the answers they get from one another;
 #  - create refuses to empty a file in use, -U is refused on a read-write
 #    open, and a raw image is shared as QEMU shares it;
+#  - within one process (serve): no second writer of a file, no reader
+#    after a writer, no writer under another export's backing chain;
 #  - the image is unharmed: qemu-img check clean, data as written.
 # The run uses the ASan build when there is one. Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/snapshot-lib.bash"
@@ -108,6 +110,23 @@ qemu-img info -U a.qcow2 >/dev/null || bad "export: qemu-img info -U"
 stop_serve "$SERVE_PID"
 qemu-img check -q a.qcow2 || bad "export: check after the export"
 qemu-io -c 'read -P 7 0 64k' -c 'read -P 9 64k 64k' a.qcow2 >/dev/null || bad "export: data"
+
+# Within one process: a second export of an exported image (read-write
+# or not), or a read-write export of another export's backing file, is
+# refused; two read-only exports share a file.
+qemu-img create -q -f qcow2 -b orig.qcow2 -F qcow2 top.qcow2
+for second in "name=b,file=a.qcow2" "name=b,file=a.qcow2,readonly=on" "name=b,file=orig.qcow2"; do
+  first=name=a,file=a.qcow2
+  [ "$second" = name=b,file=orig.qcow2 ] && first=name=a,file=top.qcow2
+  cp orig.qcow2 a.qcow2
+  o=$(timeout 20 "$QK" serve --socket nbd2.sock --export "$first" --export "$second" 2>&1) &&
+    bad "serve $first and $second: both exported"
+  echo "$o" | grep -q 'Failed to get .*"write" lock' || { bad "serve $first and $second: message"; echo "$o"; }
+done
+cp orig.qcow2 a.qcow2
+start_serve "$QK" serve2.pid --socket nbd2.sock --export name=a,file=a.qcow2,readonly=on \
+  --export name=b,file=a.qcow2,readonly=on
+stop_serve "$SERVE_PID"
 
 # -U is for read-only opens only, as in QEMU.
 for args in "snapshot -U -c x a.qcow2" "io -U -c flush a.qcow2" "bench -U -w -c 1 a.qcow2"; do
