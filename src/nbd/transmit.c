@@ -116,8 +116,9 @@ static int validate(QkNbdClient *c, const QkNbdRequest *r)
     }
     int64_t size = qk_block_length(c->exp->bs);
     if (r->type != NBD_CMD_FLUSH && (size < 0 || !qk_range_within(r->offset, r->length, (uint64_t)size))) {
-        /* proto.md: writes past the end are ENOSPC, everything else EINVAL. */
-        return is_write_type(r->type) ? -ENOSPC : -EINVAL;
+        /* proto.md: writes (and zero writes) past the end are ENOSPC,
+         * everything else, a trim too, EINVAL. */
+        return r->type == NBD_CMD_WRITE || r->type == NBD_CMD_WRITE_ZEROES ? -ENOSPC : -EINVAL;
     }
     return 0;
 }
@@ -283,14 +284,18 @@ static int coroutine_fn alloc_extents(QkBlock *bs, const QkNbdRequest *r, bool d
     return 0;
 }
 
-/* qemu:dirty-bitmap extents: dirty (1) or clean (0) runs of the bitmap
- * (a bitmap removed since the client chose it reads as all clean). */
-static void bitmap_extents(QkBlock *bs, const char *name, const QkNbdRequest *r, uint8_t *out, unsigned max,
-                           unsigned *n)
+/* qemu:dirty-bitmap extents: dirty (1) or clean (0) runs of the bitmap.
+ * -ENOENT when it was removed since the client chose it: "all clean"
+ * would tell a backup client that nothing changed. */
+static int bitmap_extents(QkBlock *bs, const char *name, const QkNbdRequest *r, uint8_t *out, unsigned max,
+                          unsigned *n)
 {
     QkDirtyBitmap *bm = qk_dirty_bitmap_find(bs, name);
     uint64_t pos = r->offset, end = r->offset + r->length;
     *n = 0;
+    if (!bm) {
+        return -ENOENT;
+    }
     while (pos < end) {
         bool dirty = bm && qk_dirty_bitmap_get(bm, pos);
         uint64_t next = !bm ? UINT64_MAX : dirty ? qk_dirty_bitmap_next_clean(bm, pos) : qk_dirty_bitmap_next_dirty(bm, pos);
@@ -303,6 +308,7 @@ static void bitmap_extents(QkBlock *bs, const char *name, const QkNbdRequest *r,
         }
         pos = stop;
     }
+    return 0;
 }
 
 static int coroutine_fn do_block_status(Req *q, QkBlock *bs)
@@ -329,7 +335,12 @@ static int coroutine_fn do_block_status(Req *q, QkBlock *bs)
         ret = send_status(c, r, k == 0 ? QK_NBD_CTX_BASE : QK_NBD_CTX_DEPTH, out, n, last);
     }
     for (unsigned i = 0; ret == 0 && i < c->nbitmaps; i++) {
-        bitmap_extents(bs, c->bitmaps[i], r, out, max, &n);
+        int br = bitmap_extents(bs, c->bitmaps[i], r, out, max, &n);
+        if (br < 0) {
+            /* Replies already sent for this request end with the error. */
+            free(out);
+            return send_error(c, r, br);
+        }
         ret = send_status(c, r, QK_NBD_CTX_BITMAP0 + i, out, n, i + 1 == c->nbitmaps);
     }
     free(out);

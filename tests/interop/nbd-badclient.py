@@ -183,6 +183,8 @@ def main():
     check(c.answer()[1] == ENOSPC, "write past the end -> ENOSPC")
     c.request(CMD_ZERO, 64 * MiB, 4096)
     check(c.answer()[1] == ENOSPC, "write zeroes past the end -> ENOSPC")
+    c.request(CMD_TRIM, 64 * MiB - 512, 4096)
+    check(c.answer()[1] == EINVAL, "trim past the end -> EINVAL (not a write)")
     c.request(77, 0, 4096)
     check(c.answer()[1] == EINVAL, "unknown command -> EINVAL")
     c.request(CMD_READ, 0, 4096, flags=1)
@@ -277,4 +279,5 @@ def main():
     sys.exit(1 if failures else 0)
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -84,6 +84,39 @@ for build in "$QK_PLAIN" "$QK_ASAN"; do
 done
 
 # qemu:allocation-depth over a backing chain, against qemu-nbd -A.
+# A bitmap removed (control socket) while a client has its context
+# selected: block status fails for that client; it never reads as clean,
+# which would tell a backup that nothing changed.
+for build in "$QK_PLAIN" "$QK_ASAN"; do
+  [ -x "$build" ] || continue
+  qemu-img create -q -f qcow2 rm.qcow2 16M
+  qemu-img bitmap --add rm.qcow2 gone
+  start_serve "$build" pid --export name=vm0,file=rm.qcow2 --socket "$work/s.sock" --control "$work/c.sock"
+  python3 - "$work/s.sock" "$build" "$work/c.sock" <<'PY' || bad "$build: block status of a removed bitmap"
+import importlib.util, os, struct, subprocess, sys
+spec = importlib.util.spec_from_file_location("badclient", os.path.join(os.environ["SRC_DIR"], "tests/interop/nbd-badclient.py"))
+bc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bc)
+c = bc.Conn(sys.argv[1])
+c.greet()
+c.opt(bc.OPT_SR)
+assert c.reply()[1] == bc.REP_ACK
+q, n = b"qemu:dirty-bitmap:gone", b"vm0"
+c.opt(bc.OPT_SET_META, struct.pack(">I", len(n)) + n + struct.pack(">II", 1, len(q)) + q)
+assert c.replies_until_final()[-1][0] == bc.REP_ACK
+c.opt(bc.OPT_GO, struct.pack(">I", len(n)) + n + struct.pack(">H", 0))
+assert c.replies_until_final()[-1][0] == bc.REP_ACK
+c.request(bc.CMD_BS, 0, 1 << 20)
+assert c.answer()[1] == 0, "block status before the removal"
+subprocess.run([sys.argv[2], "ctl", sys.argv[3], "block-dirty-bitmap-remove", "export=vm0", "name=gone"], check=True,
+               stdout=subprocess.DEVNULL)
+c.request(bc.CMD_BS, 0, 1 << 20)
+err = c.answer()[1]
+assert err != 0, "block status of the removed bitmap answered (as clean)"
+PY
+  stop_serve "$SERVE_PID"
+done
+
 qemu-img create -q -f qcow2 db.qcow2 16M
 qemu-io -c 'write 4M 2M' db.qcow2 >/dev/null
 qemu-img create -q -f qcow2 -b db.qcow2 -F qcow2 dt.qcow2
