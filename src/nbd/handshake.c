@@ -54,6 +54,14 @@ static void attach(QkNbdClient *c, QkNbdExport *exp)
 }
 
 /* NBD_OPT_INFO and NBD_OPT_GO. Returns 1 when GO succeeded. */
+static void free_names(char **names, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) {
+        free(names[i]);
+    }
+    free(names);
+}
+
 static int coroutine_fn opt_info(QkNbdClient *c, uint32_t opt, const uint8_t *data, uint32_t len)
 {
     QkNbdInfoRequest rq;
@@ -70,6 +78,14 @@ static int coroutine_fn opt_info(QkNbdClient *c, uint32_t opt, const uint8_t *da
     char *desc = exp->description ? strdup(exp->description) : NULL;
     if (opt == NBD_OPT_GO) {
         attach(c, exp);
+        if (!c->meta_export || strlen(c->meta_export) != rq.name_len ||
+            memcmp(c->meta_export, rq.name, rq.name_len) != 0) {
+            /* proto.md: contexts set for another export are dropped. */
+            c->base_alloc = c->alloc_depth = false;
+            free_names(c->bitmaps, c->nbitmaps);
+            c->bitmaps = NULL;
+            c->nbitmaps = 0;
+        }
     }
     bool want_name = false, want_desc = false;
     for (uint16_t i = 0; i < rq.ninfos; i++) {
@@ -226,14 +242,6 @@ static void meta_query(void *opaque, const char *q, uint32_t qlen)
     }
 }
 
-static void free_names(char **names, unsigned n)
-{
-    for (unsigned i = 0; i < n; i++) {
-        free(names[i]);
-    }
-    free(names);
-}
-
 static int coroutine_fn reply_context(QkNbdClient *c, uint32_t opt, uint32_t id, const char *prefix, const char *name)
 {
     size_t pl = strlen(prefix), nl = name ? strlen(name) : 0;
@@ -308,6 +316,8 @@ static int coroutine_fn opt_meta(QkNbdClient *c, uint32_t opt, const uint8_t *da
         free_names(c->bitmaps, c->nbitmaps);
         c->bitmaps = m.bitmaps;
         c->nbitmaps = m.nbitmaps;
+        free(c->meta_export);
+        c->meta_export = strndup(rq.name, rq.name_len);
     } else {
         free_names(m.bitmaps, m.nbitmaps);
     }

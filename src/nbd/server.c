@@ -184,6 +184,7 @@ static void coroutine_fn client_entry(void *opaque)
         free(c->bitmaps[i]);
     }
     free(c->bitmaps);
+    free(c->meta_export);
     free(c);
     qk_co_queue_wake_all(&srv->clients_gone);
 }

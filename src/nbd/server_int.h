@@ -20,10 +20,12 @@ typedef struct QkNbdClient {
      * (names: the bitmap may be removed while the client is connected). */
     char **bitmaps;
     unsigned nbitmaps;
+    char *meta_export;          /* the export the contexts were set for */
     bool no_zeroes;
     bool closing;               /* stop reading requests, answer what is in flight */
     bool dead;                  /* the socket failed: replies are dropped */
     unsigned in_flight;
+    uint64_t in_flight_bytes;   /* data buffered for requests in flight */
     QkCoQueue slot_wait;        /* the reader waits here for a free request slot */
     QkCoQueue idle;             /* woken when in_flight drops to 0 */
     QkCoMutex send_lock;        /* one reply on the wire at a time */

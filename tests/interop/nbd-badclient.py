@@ -5,6 +5,7 @@ checks that each mistake gets the right NBD error (or, where the protocol
 says so, only this connection is closed). Usage: nbd-badclient.py SOCKET"""
 import socket
 import struct
+import time
 import sys
 
 NBDMAGIC = 0x4E42444D41474943
@@ -220,6 +221,35 @@ def main():
     c.go("rw", structured=True, meta=False)
     c.request(CMD_BS, 0, 4096)
     check(c.answer()[1] == EINVAL, "block status without base:allocation -> EINVAL")
+
+    # Contexts set for one export are dropped by GO to another (proto.md).
+    c = Conn(path)
+    c.greet()
+    c.opt(OPT_SR)
+    assert c.reply()[1] == REP_ACK
+    q, n = b"base:allocation", b"rw"
+    c.opt(OPT_SET_META, struct.pack(">I", len(n)) + n + struct.pack(">II", 1, len(q)) + q)
+    assert c.replies_until_final()[-1][0] == REP_ACK
+    n = b"ro"
+    c.opt(OPT_GO, struct.pack(">I", len(n)) + n + struct.pack(">H", 0))
+    assert c.replies_until_final()[-1][0] == REP_ACK
+    c.request(CMD_BS, 0, 4096)
+    check(c.answer()[1] == EINVAL, "contexts set for another export are dropped at GO")
+
+    # A client that pipelines 64 reads of 32 MiB and reads no reply: the
+    # server buffers at most about two of them (byte budget per client).
+    if len(sys.argv) > 2:
+        pid = sys.argv[2]
+        c = Conn(path)
+        c.greet()
+        c.go("ro")
+        for k in range(64):
+            c.request(CMD_READ, (k % 2) * 32 * MiB, 32 * MiB)
+        time.sleep(2)
+        with open("/proc/%s/status" % pid) as f:
+            rss = [int(l.split()[1]) for l in f if l.startswith("VmRSS")][0]
+        check(rss < 512 * 1024, "64 pipelined 32 MiB reads hold %d MiB (under 512)" % (rss // 1024))
+        c.s.close()
 
     # Simple replies (no structured reply negotiated).
     c = Conn(path)
