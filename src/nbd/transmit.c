@@ -31,7 +31,13 @@ typedef struct Req {
     QkNbdRequest r;
     void *buf;                  /* write payload */
     int early_error;            /* decided while reading (oversized write) */
+    uint64_t bytes;             /* data buffered for it: payload or read reply */
 } Req;
+
+/* Data one client may have buffered at once (payloads being written and
+ * replies being read), whatever its queue depth: twice the largest
+ * request, so one always fits. Without it 64 reads of 32 MiB cost 2 GiB. */
+#define CLIENT_BYTE_BUDGET (2ULL * QK_NBD_MAX_PAYLOAD)
 
 static int coroutine_fn send_iov(QkNbdClient *c, struct iovec *iov, int n)
 {
@@ -419,6 +425,7 @@ static void coroutine_fn req_entry(void *opaque)
     QkNbdClient *c = q->c;
     handle(q);
     free(q->buf);
+    c->in_flight_bytes -= q->bytes;
     free(q);
     c->in_flight--;
     qk_co_queue_wake_one(&c->slot_wait);
@@ -467,6 +474,14 @@ void coroutine_fn qk_nbd_transmit(QkNbdClient *c)
         if (r.type == NBD_CMD_DISC) {
             break;
         }
+        uint64_t need = (r.type == NBD_CMD_READ || r.type == NBD_CMD_WRITE) && r.length <= QK_NBD_MAX_PAYLOAD
+                            ? r.length : 0;
+        while (c->in_flight && c->in_flight_bytes + need > CLIENT_BYTE_BUDGET && !c->closing && !c->dead) {
+            qk_co_queue_wait(&c->slot_wait);
+        }
+        if (c->closing || c->dead) {
+            break;
+        }
         Req *q = calloc(1, sizeof(*q));
         if (!q) {
             break;
@@ -480,6 +495,8 @@ void coroutine_fn qk_nbd_transmit(QkNbdClient *c)
             free(q);
             break;
         }
+        q->bytes = need;
+        c->in_flight_bytes += need;
         c->in_flight++;
         qk_coroutine_enter(qk_coroutine_create(req_entry, q));
     }

@@ -62,7 +62,7 @@ nbd_badinput_case() { # binary rw-image ro-image
   start_serve "$bin" pid --socket "$PWD/nbd.sock" \
     --export "name=rw,file=$rw,format=qcow2" --export "name=ro,file=$ro,format=raw,readonly=on"
   local pid=$SERVE_PID
-  python3 "$SRC_DIR/tests/interop/nbd-badclient.py" "$PWD/nbd.sock" || fail "bad client checks ($bin, $rw)"
+  python3 "$SRC_DIR/tests/interop/nbd-badclient.py" "$PWD/nbd.sock" "$pid" || fail "bad client checks ($bin, $rw)"
   kill -0 "$pid" || fail "server died ($rw)"
   [ "$(nbdinfo --size "nbd+unix:///rw?socket=$PWD/nbd.sock")" = 67108864 ] || fail "server no longer serves ($rw)"
   nbdinfo "nbd+unix:///ro?socket=$PWD/nbd.sock" | grep -q 'is_read_only: true' || fail "ro flag ($rw)"
