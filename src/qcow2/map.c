@@ -210,7 +210,7 @@ int coroutine_fn qcow2_get_l2_for_write(Qcow2State *s, uint64_t l1i, void **tabl
     }
     if (r == 0) {
         s->l1[l1i] = (uint64_t)newoff | QCOW2_OFLAG_COPIED;
-        qcow2_meta_changed(s);
+        qcow2_meta_added(s, (uint64_t)newoff, QCOW2_OL_L2);
         r = qcow2_write_l1_entry(s, l1i);
         if (r < 0) {
             s->l1[l1i] = l1e;

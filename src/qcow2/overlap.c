@@ -22,6 +22,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* A list at most this many checks old is trusted to hold every table made
  * without a qcow2_meta_changed() call (there should be none). */
@@ -47,6 +48,30 @@ static const char *kind_name(unsigned kind)
 void qcow2_meta_changed(Qcow2State *s)
 {
     s->meta_gen++;
+}
+
+void qcow2_meta_added(Qcow2State *s, uint64_t off, unsigned kind)
+{
+    /* Put into the list where it belongs, not a rebuild: a fresh large
+     * image gets a new L2 table on many of its first writes, and the
+     * rebuild walks the whole L1 and refcount tables. */
+    if (!s->meta_list_ok || s->meta_built_gen != s->meta_gen) {
+        return; /* rebuilt at the next check anyway */
+    }
+    MetaCluster *v = realloc(s->meta_list, (s->meta_n + 1) * sizeof(*v));
+    if (!v) {
+        s->meta_gen++;
+        return;
+    }
+    s->meta_list = v;
+    uint64_t c = off >> s->cluster_bits;
+    size_t i = s->meta_n;
+    while (i > 0 && v[i - 1].c > c) {
+        i--;
+    }
+    memmove(v + i + 1, v + i, (s->meta_n - i) * sizeof(*v));
+    v[i] = (MetaCluster){.c = c, .kind = kind};
+    s->meta_n++;
 }
 
 /* Calls fn for every metadata cluster range [first, last]. */

@@ -281,6 +281,9 @@ int coroutine_fn qcow2_mark_corrupt_if_needed(Qcow2State *s);
 /* Says the L1 table, the refcount table or the bitmap directory changed
  * (a table added, moved or dropped). */
 void qcow2_meta_changed(Qcow2State *s);
+/* Says one table of KIND was added at OFF (a new L2 table or refcount
+ * block): cheaper than qcow2_meta_changed. */
+void qcow2_meta_added(Qcow2State *s, uint64_t off, unsigned kind);
 
 static inline Qcow2State *qcow2_state(QkBlock *bs) { return bs->opaque; }
 static inline uint64_t qcow2_offset_into_cluster(const Qcow2State *s, uint64_t off) { return off & (s->cluster_size - 1); }

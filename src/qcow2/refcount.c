@@ -329,7 +329,7 @@ static int coroutine_fn alloc_block(Qcow2State *s, uint64_t ti)
             return r;
         }
         s->rt[t] = b << s->cluster_bits;
-        qcow2_meta_changed(s);
+        qcow2_meta_added(s, b << s->cluster_bits, QCOW2_OL_REFB);
         if (t == ti) {
             return 0;
         }
