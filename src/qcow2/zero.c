@@ -337,6 +337,11 @@ int coroutine_fn qcow2_co_pdiscard(QkBlock *bs, uint64_t off, uint64_t bytes)
     if (start_al >= end_al) {
         return 0; /* discard is advisory */
     }
+    if (!qcow2_is_v3(s) && has_backing_file(s)) {
+        /* Version 2 has no zero flag: a discarded cluster would show the
+         * backing file's old data. Nothing is done, as in QEMU. */
+        return 0;
+    }
     if (s->data_raw) {
         /* What the L2 tables now read as zeros, the raw data file must too. */
         int r = qk_co_pwrite_zeroes(s->data, start_al, end_al - start_al, 0);
