@@ -55,7 +55,7 @@ void qcow2_meta_added(Qcow2State *s, uint64_t off, unsigned kind)
     /* Put into the list where it belongs, not a rebuild: a fresh large
      * image gets a new L2 table on many of its first writes, and the
      * rebuild walks the whole L1 and refcount tables. */
-    if (!s->meta_list_ok || s->meta_built_gen != s->meta_gen) {
+    if (!s->meta_list || s->meta_built_gen != s->meta_gen) {
         return; /* rebuilt at the next check anyway */
     }
     MetaCluster *v = realloc(s->meta_list, (s->meta_n + 1) * sizeof(*v));
@@ -149,7 +149,6 @@ static void rebuild(Qcow2State *s)
     } else {
         free(c.v);
     }
-    s->meta_list_ok = s->meta_list != NULL;
     s->meta_built_gen = s->meta_gen;
     s->meta_checks = 0;
 }
@@ -175,10 +174,10 @@ unsigned qcow2_meta_overlap(Qcow2State *s, uint64_t off, uint64_t len, unsigned 
         return 0;
     }
     uint64_t c0 = off >> s->cluster_bits, c1 = (off + len - 1) >> s->cluster_bits;
-    if (s->meta_built_gen != s->meta_gen || !s->meta_list_ok || ++s->meta_checks > REBUILD_EVERY) {
+    if (s->meta_built_gen != s->meta_gen || !s->meta_list || ++s->meta_checks > REBUILD_EVERY) {
         rebuild(s);
     }
-    if (s->meta_list_ok) {
+    if (s->meta_list) {
         /* First entry at or after c0. */
         size_t lo = 0, hi = s->meta_n;
         while (lo < hi) {

@@ -68,7 +68,6 @@ static void free_state(Qcow2State *s)
     s->zero_buf = NULL;
     free(s->meta_list);
     s->meta_list = NULL;
-    s->meta_list_ok = false;
     qcow2_bitmaps_free_list(s);
     qcow2_bitmaps_forget(s);
     qcow2_data_file_close(s);

@@ -250,9 +250,8 @@ struct Qcow2State {
     unsigned cow_pool_n;
 
     /* overlap.c: the metadata clusters, sorted, as of meta_built_gen */
-    struct MetaCluster *meta_list;
+    struct MetaCluster *meta_list;  /* NULL: none yet (or out of memory) */
     size_t meta_n;
-    bool meta_list_ok;
     uint64_t meta_gen, meta_built_gen;
     unsigned meta_checks;
     bool meta_corrupt;          /* a write over metadata was refused: no more writes */
