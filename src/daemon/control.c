@@ -80,7 +80,9 @@ static bool param_allowed(const QkControlCommand *cmd, const char *key)
 json_t *coroutine_fn qk_co_control_execute(QkDaemon *d, const char *line, size_t len)
 {
     json_error_t jerr;
-    json_t *req = json_loadb(line, len, 0, &jerr);
+    /* A repeated key would otherwise run with whichever value the parser
+     * kept last: refuse it, as QMP does, rather than guess. */
+    json_t *req = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!req) {
         char desc[256];
         snprintf(desc, sizeof(desc), "JSON parse error: %s", jerr.text);

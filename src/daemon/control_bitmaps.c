@@ -55,6 +55,16 @@ static json_t *coroutine_fn cmd_add(QkDaemon *d, json_t *args, QkError *err)
         qk_control_arg_bool(args, "persistent", &persistent, err) < 0) {
         return NULL;
     }
+    /* Names as QEMU allows them, so a bitmap made here can later be
+     * stored in a qcow2 image and exported by name. */
+    if (!*name) {
+        qk_error_set(err, -EINVAL, "Bitmap name cannot be empty");
+        return NULL;
+    }
+    if (strlen(name) > 1023) {
+        qk_error_set(err, -EINVAL, "Bitmap name too long: %s", name);
+        return NULL;
+    }
     json_t *g = json_object_get(args, "granularity");
     if (g) {
         if (json_is_integer(g) && json_integer_value(g) > 0) {
@@ -158,6 +168,10 @@ static json_t *coroutine_fn cmd_query(QkDaemon *d, json_t *args, QkError *err)
 {
     const char *only;
     if (qk_control_arg_string(args, "export", false, &only, err) < 0) {
+        return NULL;
+    }
+    if (only && !qk_nbd_server_find_export(qk_daemon_nbd_server(d), only)) {
+        qk_error_set(err, -ENOENT, "Export '%s' not found", only);
         return NULL;
     }
     json_t *list = json_array();
