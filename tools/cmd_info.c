@@ -167,7 +167,7 @@ static int run(int argc, char **argv)
     };
     const char *fmt = NULL;
     bool json = false, chain = false;
-    int flags = QK_OPEN_NO_BACKING;
+    int flags = QK_OPEN_NO_BACKING | QK_OPEN_METADATA_ONLY;
     int c;
     opterr = 0;
     optind = 1;

@@ -168,6 +168,10 @@ enum {
      * base). Otherwise the image lock refuses it, as it refuses a second
      * writer or a reader after a writer within the process. */
     QK_OPEN_TAKE_OVER = 1 << 8,
+    /* Read-only, for reading metadata (info): an external data file that
+     * cannot be opened is left out, and then reads of guest data and the
+     * VM state fail with ENOMEDIUM. */
+    QK_OPEN_METADATA_ONLY = 1 << 9,
 };
 
 /* Request flags. */

@@ -662,6 +662,9 @@ static int check_range(QkBlock *bs, uint64_t off, uint64_t bytes, bool write)
     if (write && bs->read_only) {
         return -EACCES;
     }
+    if (bs->no_guest_data) {
+        return -ENOMEDIUM;
+    }
     if (bytes > (1ULL << 62) || off > (1ULL << 62)) {
         return -EINVAL;
     }
@@ -816,6 +819,9 @@ int coroutine_fn qk_co_block_status(QkBlock *bs, uint64_t off, uint64_t bytes, u
     if (bytes == 0) {
         *pnum = 0;
         return 0;
+    }
+    if (bs->no_guest_data) {
+        return -ENOMEDIUM;
     }
     if (!bs->drv->co_block_status) {
         *pnum = bytes;

@@ -94,6 +94,7 @@ struct QkBlock {
     int open_flags;
     bool read_only;
     bool format_probed;           /* the format was guessed from the first bytes */
+    bool no_guest_data;           /* QK_OPEN_METADATA_ONLY left the data out */
     uint64_t size;                /* virtual size for format nodes */
     QkBlock *file;                /* protocol child; NULL for protocol nodes */
     QkBlock *backing;             /* NULL when none */

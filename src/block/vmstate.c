@@ -46,6 +46,9 @@ int coroutine_fn qk_co_save_vmstate(QkBlock *bs, QkIov *qiov, uint64_t pos)
     if (!bs->drv->co_save_vmstate) {
         return -ENOTSUP;
     }
+    if (bs->no_guest_data) {
+        return -ENOMEDIUM;
+    }
     return bs->drv->co_save_vmstate(bs, qiov, pos);
 }
 
@@ -53,6 +56,9 @@ int coroutine_fn qk_co_load_vmstate(QkBlock *bs, QkIov *qiov, uint64_t pos)
 {
     if (!bs->drv->co_load_vmstate) {
         return -ENOTSUP;
+    }
+    if (bs->no_guest_data) {
+        return -ENOMEDIUM;
     }
     return bs->drv->co_load_vmstate(bs, qiov, pos);
 }

@@ -63,6 +63,15 @@ int coroutine_fn qcow2_data_file_open(Qcow2State *s, const QkOpenOptions *opts, 
      * current directory, as create made it and as qemu-img opens it (not
      * to the image's directory, as a backing file name is). */
     QkBlock *d = qk_co_file_open(s->data_file_name, flags, err);
+    if (!d && (opts->flags & QK_OPEN_METADATA_ONLY) && s->bs->read_only) {
+        /* info describes the image without its data, as qemu-img does
+         * (a data file on a mount that is not there, or not yet made).
+         * Every guest-data request stops in the block layer first. */
+        qk_error_clear(err);
+        s->bs->no_guest_data = true;
+        s->data = NULL;
+        return 0;
+    }
     if (!d) {
         return err->code ? err->code : -EIO;
     }
@@ -72,7 +81,7 @@ int coroutine_fn qcow2_data_file_open(Qcow2State *s, const QkOpenOptions *opts, 
 
 int coroutine_fn qcow2_data_file_flush(Qcow2State *s)
 {
-    return qcow2_has_data_file(s) ? qk_co_flush(s->data) : 0;
+    return qcow2_has_data_file(s) && s->data ? qk_co_flush(s->data) : 0;
 }
 
 int coroutine_fn qcow2_data_file_close(Qcow2State *s)

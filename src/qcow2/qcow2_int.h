@@ -288,11 +288,17 @@ static inline Qcow2State *qcow2_state(QkBlock *bs) { return bs->opaque; }
 static inline uint64_t qcow2_offset_into_cluster(const Qcow2State *s, uint64_t off) { return off & (s->cluster_size - 1); }
 static inline uint64_t qcow2_cluster_index(const Qcow2State *s, uint64_t off) { return off >> s->cluster_bits; }
 static inline bool qcow2_is_v3(const Qcow2State *s) { return s->h.version >= 3; }
-static inline bool qcow2_has_data_file(const Qcow2State *s) { return s->data && s->data != s->bs->file; }
+/* s->data is NULL only when a metadata-only open left a missing data file
+ * out: the layout is still the data file's. */
+static inline bool qcow2_has_data_file(const Qcow2State *s)
+{
+    return s->data ? s->data != s->bs->file : s->bs->no_guest_data;
+}
 
-/* data_file.c: opens the external data file the header names (relative
- * to the image) with the image's own flags; flushes it (before the
- * metadata that points into it); closes it. */
+/* data_file.c: opens the external data file the header names (as given:
+ * a relative name is relative to the current directory) with the image's
+ * own flags; flushes it (before the metadata that points into it);
+ * closes it. */
 int coroutine_fn qcow2_data_file_open(Qcow2State *s, const QkOpenOptions *opts, QkError *err);
 int coroutine_fn qcow2_data_file_flush(Qcow2State *s);
 int coroutine_fn qcow2_data_file_close(Qcow2State *s);

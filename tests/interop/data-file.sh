@@ -17,7 +17,7 @@
 #    the data and leave every image clean;
 #  - a missing data file, a data file name that is not a plain local path
 #    (a protocol or json: name), and an L2 entry not at its guest offset,
-#    are errors, not crashes;
+#    are errors, not crashes; info without the data file is qemu-img's;
 #  - a relative data file name is relative to the current directory, at
 #    create and at open, as qemu-img has it (an image in a subdirectory).
 # Exit 0 pass, 1 fail.
@@ -204,6 +204,15 @@ qemu-io -c 'read -P 5 0 256k' q.qcow2 >/dev/null || bad "data lost after the ref
 mv q.raw q.raw.away
 out=$("$QK" io -c 'read 0 4k' q.qcow2 2>&1) && bad "opened without its data file"
 echo "$out" | grep -q "Could not open 'q.raw'" || { bad "missing data file message"; echo "$out"; }
+# info describes the image without its data file, as qemu-img info does;
+# check and map need the data and fail.
+for o in human json; do
+  [ "$(status "$QK" info --output=$o q.qcow2)" = "$(status qemu-img info --output=$o q.qcow2)" ] ||
+    { bad "info --output=$o without the data file differs from qemu-img"; status "$QK" info --output=$o q.qcow2; }
+done
+"$QK" map q.qcow2 >/dev/null 2>&1 && bad "map without the data file succeeded"
+"$QK" check q.qcow2 >/dev/null 2>&1 && bad "check without the data file succeeded"
+[ -e q.raw ] && bad "a metadata-only open made the data file"
 mv q.raw.away q.raw
 # Point guest cluster 1's L2 entry at host offset 0x50000 (L2 entry layout
 # from the qcow2 specification): not where a data file keeps it.

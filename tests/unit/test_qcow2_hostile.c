@@ -98,6 +98,22 @@ int main(void)
     QK_CHECK_EQ(t_sh("rm -f h.qcow2 hd.raw && qemu-img create -q -f qcow2 -o data_file=hd.raw h.qcow2 64M && "
                      "rm hd.raw"), 0);
     expect_fail("external data file missing", "Could not open 'hd.raw'");
+    {
+        /* A metadata-only open describes it; guest data is out of reach. */
+        QkError err = {0};
+        QkOpenOptions o = {.flags = QK_OPEN_METADATA_ONLY, .format = "qcow2"};
+        QkBlock *bs = qk_block_open("h.qcow2", &o, &err);
+        QK_CHECK(bs != NULL);
+        if (bs) {
+            QkImageInfo info;
+            qk_block_get_info(bs, &info);
+            QK_CHECK(info.data_file && strcmp(info.data_file, "hd.raw") == 0);
+            uint8_t buf[512];
+            QK_CHECK_EQ(t_read(bs, 0, sizeof(buf), buf), -ENOMEDIUM);
+            qk_block_close(bs);
+        }
+        QK_CHECK(access("hd.raw", F_OK) != 0);
+    }
     fresh(); put_be("h.qcow2", 96, 7, 4); expect_fail("refcount_order 7", "refcount_order");
     fresh(); put_be("h.qcow2", 100, 48, 4); expect_fail("header_length small", "header_length");
     fresh(); put_be("h.qcow2", 100, 0x100000, 4); expect_fail("header_length huge", "header_length");
