@@ -9,6 +9,7 @@
 #include "qcow2/qcow2_int.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -301,15 +302,20 @@ int qcow2_parse_extensions(Qcow2State *s, const uint8_t *c0, char **backing_fmt,
     Qcow2Ext **tail = &s->exts;
     unsigned count = 0;
     *backing_fmt = NULL;
-    while (pos + 8 <= end) {
+    while (pos < end) {
+        /* Even the end marker must fit, length and all, as QEMU refuses
+         * one that runs into the backing file name. */
+        if (end - pos < 8) {
+            return qk_error_corrupt(err, "a header extension at %#" PRIx64 " overruns the header area", pos);
+        }
         uint32_t type = qk_be32_get(c0 + pos);
         uint32_t len = qk_be32_get(c0 + pos + 4);
         pos += 8;
-        if (type == QCOW2_EXT_END) {
-            break;
-        }
         if (!qk_range_within(pos, len, end)) {
             return qk_error_corrupt(err, "header extension %#x (%u bytes) overruns the header area", type, len);
+        }
+        if (type == QCOW2_EXT_END) {
+            break;
         }
         if (++count > QCOW2_MAX_HEADER_EXTENSIONS) {
             /* A 2 MiB header cluster holds 262144 empty ones, each kept. */
@@ -327,8 +333,9 @@ int qcow2_parse_extensions(Qcow2State *s, const uint8_t *c0, char **backing_fmt,
         *tail = e;
         tail = &e->next;
         if (type == QCOW2_EXT_BACKING_FORMAT) {
-            if (len > 1023) {
-                return qk_error_corrupt(err, "backing format name too long");
+            if (len >= 16) {
+                /* QEMU keeps format names in 16 bytes and refuses longer. */
+                return qk_error_corrupt(err, "backing format name too long (%u bytes; at most 15)", len);
             }
             free(*backing_fmt);
             *backing_fmt = strndup((const char *)e->data, len);

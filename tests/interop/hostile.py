@@ -58,6 +58,37 @@ def bad_refblock_entry(img):
     be("Q", img, rt, 0x7fffffff0000)  # refcount block far outside the file
     return img
 
+def header_exts(img):
+    """The header extensions as (type, data), and where the area starts."""
+    pos = start = struct.unpack_from(">I", img, 100)[0]
+    exts = []
+    while True:
+        t, n = struct.unpack_from(">II", img, pos)
+        if t == 0:
+            return start, pos, exts
+        exts.append((t, bytes(img[pos + 8:pos + 8 + n])))
+        pos += 8 + (n + 7) // 8 * 8
+
+def end_marker_len(n):
+    # QEMU refuses an end marker whose length runs past the header area.
+    def f(img):
+        _, end, _ = header_exts(img)
+        be("I", img, end + 4, n)
+        return img
+    return f
+
+def backing_format_ext(name):
+    # QEMU keeps the backing format in 16 bytes and refuses a longer one.
+    def f(img):
+        start, _, exts = header_exts(img)
+        area = b""
+        for t, d in [(0xe2792aca, name)] + exts:
+            area += struct.pack(">II", t, len(d)) + d + b"\0" * (-len(d) % 8)
+        area += b"\0" * 8
+        img[start:start + len(area)] = area
+        return img
+    return f
+
 # (name, mutation, commands that must fail with exit 1, expected message fragment)
 OPEN_FAIL = ["info", "io -c 'read 0 4k'"]
 CASES = [
@@ -82,6 +113,8 @@ CASES = [
     ("virtual size 2^63", field("Q", 24, 1 << 63), OPEN_FAIL, ""),
     ("backing name beyond eof", lambda img: (be("Q", img, 8, 0x7fff0000), be("I", img, 16, 100), img)[2], OPEN_FAIL, "backing"),
     ("backing name too long", lambda img: (be("Q", img, 8, 0x200), be("I", img, 16, 5000), img)[2], OPEN_FAIL, "backing"),
+    ("end marker overruns", end_marker_len(0x10000), OPEN_FAIL, "overruns"),
+    ("backing format 16 bytes", backing_format_ext(b"qcow2" + b"\0" * 11), OPEN_FAIL, "backing format"),
     ("corrupt bit set, opened rw", field("Q", 72, 2), ["io -c 'write 0 4k'"], "corrupt"),
     # Damage inside the tables: opening may succeed, but damaged metadata is
     # never trusted: reads through it fail, and allocation never uses a
