@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,7 +75,9 @@ void qk_io_dump(const uint8_t *buf, int64_t offset, int64_t len)
         printf("  ");
         for (int64_t j = 0; j < n; j++) {
             uint8_t c = buf[i + j];
-            putchar(c >= 0x20 && c < 0x7f ? c : '.');
+            /* qemu-io shows letters and digits only; punctuation is '.'. */
+            bool alnum = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+            putchar(alnum ? c : '.');
         }
         putchar('\n');
     }
