@@ -19,6 +19,15 @@ typedef struct RawState {
     QkCoMutex head_lock;
 } RawState;
 
+/* The disk a raw image shows ends on a 512-byte sector, as in QEMU's block
+ * layer: a partial last sector reads as zeros past the end of the file
+ * (the protocol node gives zeros there), and a write into it extends the
+ * file. Sizes beyond the last whole sector of 2^64 cannot be opened. */
+static uint64_t sector_align(uint64_t len)
+{
+    return len % 512 ? len + (512 - len % 512) : len;
+}
+
 static int coroutine_fn raw_open(QkBlock *bs, const QkOpenOptions *opts, QkError *err)
 {
     (void)opts;
@@ -28,7 +37,7 @@ static int coroutine_fn raw_open(QkBlock *bs, const QkOpenOptions *opts, QkError
     if (len < 0) {
         return qk_error_set_errno(err, (int)len, "Could not get size of '%s'", bs->filename);
     }
-    bs->size = (uint64_t)len;
+    bs->size = sector_align((uint64_t)len);
     bs->request_alignment = bs->file->request_alignment;
     return 0;
 }
@@ -137,8 +146,11 @@ static int coroutine_fn raw_block_status(QkBlock *bs, uint64_t off, uint64_t byt
         /* Everything in a raw image belongs to this layer. */
         r |= QK_BS_ALLOCATED;
         if (r & QK_BS_EOF) {
-            r = QK_BS_ZERO | QK_BS_ALLOCATED;
+            /* The tail of a partial last sector: zeros, still mapped 1:1. */
+            r = QK_BS_ZERO | QK_BS_ALLOCATED | QK_BS_OFFSET_VALID;
             *pnum = bytes;
+            *map = off;
+            *file = bs->file;
         }
     }
     return r;
@@ -148,7 +160,7 @@ static int coroutine_fn raw_truncate(QkBlock *bs, uint64_t size, QkPrealloc prea
 {
     int r = qk_co_truncate(bs->file, size, prealloc, err);
     if (r == 0) {
-        bs->size = size;
+        bs->size = sector_align(size);
     }
     return r;
 }

@@ -7,7 +7,9 @@
 #    with qemu-img's error and exit status 1;
 #  - data, zero writes, discards, extended L2 subclusters, a 3-layer chain;
 #  - check's allocated/fragmented/compressed counts with compressed
-#    clusters between plain ones.
+#    clusters between plain ones;
+#  - a raw file of 1000 bytes: a 1024-byte disk whose tail reads as zeros
+#    (info, map, io, convert, resize).
 # The run uses the ASan build when there is one. Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/snapshot-lib.bash"
 
@@ -47,4 +49,22 @@ for img in t2.qcow2 t3.qcow2 t4.qcow2 c.qcow2 e.qcow2; do
 done
 same "check counts" check --output=json c.qcow2
 same "check counts" check c.qcow2
+
+# A raw file whose size is not a multiple of 512: the disk ends on a whole
+# sector, the tail reading as zeros, as in QEMU's block layer.
+head -c 1000 /dev/urandom > odd.raw
+same "odd raw" info --output=json -f raw odd.raw
+same "odd raw" map --output=json -f raw odd.raw
+cp odd.raw odd2.raw
+qemu-io -f raw -c 'read -v 990 34' odd.raw > q.txt
+"$QK" io -f raw -c 'read -v 990 34' odd2.raw > k.txt 2>&1
+diff <(sed 's/[0-9.]* sec (.*)$//' q.txt) <(sed 's/[0-9.]* sec (.*)$//' k.txt) > /dev/null ||
+  { bad "odd raw: reading the partial last sector differs from qemu-io"; cat k.txt; }
+same "odd raw" convert -f raw -O raw odd.raw odd.out
+cp odd.raw odd2.raw
+cp odd.raw odd3.raw
+qemu-img resize -q -f raw odd2.raw 1500
+"$QK" resize -q -f raw odd3.raw 1500 || bad "odd raw: resize to 1500"
+cmp odd2.raw odd3.raw || bad "odd raw: resize to 1500 differs from qemu-img's"
+same "odd raw" info --output=json -f raw odd3.raw
 exit $fail
