@@ -6,6 +6,7 @@
  *   cc copy.c $(pkg-config --cflags --libs qcowkit) -o copy
  *   ./copy SRC DST
  */
+#include <errno.h>
 #include <qcowkit/qcowkit.h>
 
 #include <stdio.h>
@@ -30,10 +31,10 @@ int main(int argc, char **argv)
         return 1;
     }
     uint64_t size = qk_image_size(src);
-    int r = size > qk_image_size(dst) ? -27 /* EFBIG */ : 0;
+    int r = size > qk_image_size(dst) ? -EFBIG : 0;
     enum { CHUNK = 1 << 20 };
     char *buf = malloc(CHUNK);
-    r = r == 0 && !buf ? -12 /* ENOMEM */ : r;
+    r = r == 0 && !buf ? -ENOMEM : r;
     for (uint64_t off = 0; r == 0 && off < size; off += CHUNK) {
         size_t n = size - off < CHUNK ? (size_t)(size - off) : CHUNK;
         r = qk_image_pread(src, off, buf, n);
@@ -46,7 +47,9 @@ int main(int argc, char **argv)
     }
     free(buf);
     qk_image_close(src);
-    qk_image_close(dst);
+    /* The close writes back what is cached: its error means lost data. */
+    int cr = qk_image_close(dst);
+    r = r == 0 ? cr : r;
     if (r < 0) {
         fprintf(stderr, "copy failed: %s\n", qk_strerror(r));
         return 1;

@@ -35,7 +35,6 @@ extern "C" {
 
 /* ---- Errors ---------------------------------------------------------- */
 
-#define QK_ECORRUPT EUCLEAN /* the image is corrupt (not an I/O failure) */
 
 typedef struct QkError {
     int code;       /* negative errno, 0 when unset */

@@ -8,7 +8,8 @@
  * Errors: functions return 0 (or a non-negative count) on success and a
  * negative errno on failure; -EUCLEAN (QK_ECORRUPT) means the image is
  * corrupt rather than the I/O failing. When `errbuf` is non-NULL it receives
- * a one-line message. The library never prints, and never exits or aborts
+ * a message: one line, but for an image locked by another user, which
+ * gets QEMU's two-line wording. The library never prints, and never exits or aborts
  * on bad input or an I/O error.
  *
  * Memory: an allocation for data (buffers, tables, requests) that fails
@@ -21,6 +22,7 @@
 #ifndef QCOWKIT_QCOWKIT_H
 #define QCOWKIT_QCOWKIT_H
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,8 +37,12 @@ extern "C" {
 #define QK_VERSION_PATCH 0
 const char *qk_version(void);
 
-/* qk_strerror - a message for a negative errno this library returned
- * (-EUCLEAN: "image is corrupt"). Never NULL; the string is static. */
+/* The error that means the image is corrupt (not an I/O failure). */
+#define QK_ECORRUPT EUCLEAN
+
+/* qk_strerror - a message for an errno this library returned, negative as
+ * returned or positive (-EUCLEAN: "image is corrupt"). Never NULL; the
+ * string is static. */
 const char *qk_strerror(int err);
 
 /* qk_set_aio_backend - "io_uring", "threads" or "default" (io_uring,
@@ -81,14 +87,17 @@ typedef struct QkImage QkImage;
 #define QK_IMAGE_NOCACHE  (1 << 1)   /* O_DIRECT on the host file (cache=none) */
 
 /* qk_image_open - opens FILENAME; FORMAT is "qcow2", "raw" or NULL to probe.
- * Returns the image or NULL with a message in errbuf. */
+ * FLAGS: the QK_IMAGE_ flags above (others are refused). Returns the image
+ * or NULL with a message in errbuf. The I/O calls below return -EINVAL for
+ * a NULL image, qk_image_size 0. */
 QkImage *qk_image_open(const char *filename, const char *format, int flags,
                        char *errbuf, size_t errlen);
 
 /* qk_image_close - flushes (when writable) and closes; always frees.
  * Returns 0, or -errno when writing back failed (the final flush, cached
  * metadata, clearing the dirty bit): data written since the last
- * successful qk_image_flush may then be lost. */
+ * successful qk_image_flush may then be lost. A VM-state stream still open
+ * on IMG is closed first (a writer as with NAME NULL: no snapshot). */
 int qk_image_close(QkImage *img);
 
 /* qk_image_size - the virtual disk size in bytes. */
@@ -117,7 +126,9 @@ int qk_image_flush(QkImage *img);
  * so small unaligned pieces cost no read-modify-write even with
  * QK_IMAGE_NOCACHE. Memory stays at (workers + 1) buffers.
  * Images whose format keeps internal snapshots (qcow2) only: the open
- * calls fail with a message otherwise. */
+ * calls fail with a message otherwise, and when a stream is already open
+ * on the image (one at a time). A writer passed where a reader is wanted,
+ * or the reverse, gets -EINVAL. */
 typedef struct QkVmStateStream QkVmStateStream;
 
 typedef struct QkVmStateParams {
@@ -140,13 +151,14 @@ int qk_image_vmstate_write(QkVmStateStream *w, const void *buf, size_t len);
  * every write, then takes snapshot NAME recording the state (the id is
  * the next free number; a name may repeat, as in qemu-img) and drops the state from the
  * active disk. With NAME NULL, or when any write failed, no snapshot is
- * taken and the written state is dropped. Always frees W. Returns 0 or
- * -errno (message in errbuf). */
+ * taken and the written state is dropped. Always frees W (a NULL W or a
+ * reader: -EINVAL, nothing freed). Returns 0 or -errno (message in
+ * errbuf). */
 int qk_image_vmstate_writer_close(QkVmStateStream *w, const char *name, char *errbuf, size_t errlen);
 
 /* qk_image_vmstate_reader_open - reverts IMG to snapshot SNAPSHOT (id or
- * name; its disk content and size become the active disk) and opens its
- * VM state for reading; *SIZE gets the state's length. */
+ * name, never NULL; its disk content and size become the active disk)
+ * and opens its VM state for reading; *SIZE gets the state's length. */
 QkVmStateStream *qk_image_vmstate_reader_open(QkImage *img, const char *snapshot,
                                               const QkVmStateParams *params, uint64_t *size,
                                               char *errbuf, size_t errlen);

@@ -8,11 +8,13 @@
 #include "block/api_int.h"
 #include "block/block.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 struct QkImage {
     QkBlock *bs;
+    QkVmStateStream *stream;
 };
 
 QkImage *qk_image_open(const char *filename, const char *format, int flags,
@@ -20,6 +22,13 @@ QkImage *qk_image_open(const char *filename, const char *format, int flags,
 {
     QkError err = {0};
     QkOpenOptions o = {.format = format};
+    if (!filename || (flags & ~(QK_IMAGE_RDWR | QK_IMAGE_NOCACHE))) {
+        if (errbuf && errlen) {
+            snprintf(errbuf, errlen, filename ? "unknown flags %#x" : "no file name given",
+                     (unsigned)(flags & ~(QK_IMAGE_RDWR | QK_IMAGE_NOCACHE)));
+        }
+        return NULL;
+    }
     if (flags & QK_IMAGE_RDWR) {
         o.flags |= QK_OPEN_RDWR;
     }
@@ -42,6 +51,7 @@ QkImage *qk_image_open(const char *filename, const char *format, int flags,
         return NULL;
     }
     img->bs = bs;
+    img->stream = NULL;
     return img;
 }
 
@@ -49,6 +59,9 @@ int qk_image_close(QkImage *img)
 {
     int r = 0;
     if (img) {
+        if (img->stream) {
+            qk_image_vmstate_stream_abandon(img->stream);
+        }
         r = qk_block_close(img->bs);
         free(img);
     }
@@ -60,9 +73,18 @@ QkBlock *qk_image_node(QkImage *img)
     return img->bs;
 }
 
+QkVmStateStream **qk_image_stream_slot(QkImage *img)
+{
+    return &img->stream;
+}
+
 uint64_t qk_image_size(const QkImage *img)
 {
-    return (uint64_t)qk_block_length(img->bs);
+    if (!img) {
+        return 0;
+    }
+    int64_t len = qk_block_length(img->bs);
+    return len < 0 ? 0 : (uint64_t)len;
 }
 
 typedef enum { OP_READ, OP_WRITE, OP_ZERO, OP_DISCARD, OP_FLUSH } Op;
@@ -91,6 +113,9 @@ static void coroutine_fn call_entry(void *opaque)
 
 static int run(Call c)
 {
+    if (!c.img) {
+        return -EINVAL;
+    }
     qk_co_run(call_entry, &c);
     return c.ret;
 }

@@ -9,6 +9,7 @@
 #include "util/tunables.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <string.h>
 
 const char *qk_version(void)
@@ -18,14 +19,18 @@ const char *qk_version(void)
 
 const char *qk_strerror(int err)
 {
-    if (err == -QK_ECORRUPT) {
+    if (err == -QK_ECORRUPT || err == QK_ECORRUPT) {
         return "image is corrupt";
     }
-    if (err >= 0) {
+    if (err == 0) {
         return "Success";
     }
-    /* glibc returns its static message for every known code. */
-    const char *m = strerror(-err);
+    if (err == INT_MIN) {
+        return "Unknown error";
+    }
+    /* Negative as returned, or a positive errno a caller already negated.
+     * glibc returns its static message for every known code. */
+    const char *m = strerror(err < 0 ? -err : err);
     return m ? m : "Unknown error";
 }
 

@@ -9,11 +9,13 @@
 #include "block/snapshot.h"
 #include "block/vmstate.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 struct QkVmStateStream {
+    QkImage *img;
     QkBlock *bs;
     QkVmStateWriter *w;
     QkVmStateReader *r;
@@ -61,6 +63,15 @@ static void coroutine_fn discard_entry(void *opaque)
 /* A stream on an image whose format keeps snapshots, or NULL with a message. */
 static QkVmStateStream *stream_new(QkImage *img, char *errbuf, size_t errlen)
 {
+    if (!img) {
+        set_err(errbuf, errlen, "no image given");
+        return NULL;
+    }
+    if (*qk_image_stream_slot(img)) {
+        /* Both would use the same VM-state area of the active disk. */
+        set_err(errbuf, errlen, "a VM-state stream is already open on this image");
+        return NULL;
+    }
     QkBlock *bs = qk_image_node(img);
     if (!qk_block_has_snapshots(bs)) {
         set_err(errbuf, errlen, "VM state needs an image format with internal snapshots, such as qcow2");
@@ -71,8 +82,18 @@ static QkVmStateStream *stream_new(QkImage *img, char *errbuf, size_t errlen)
         set_err(errbuf, errlen, "out of memory");
         return NULL;
     }
+    s->img = img;
     s->bs = bs;
     return s;
+}
+
+/* Frees S and frees its image's slot for another stream. */
+static void stream_free(QkVmStateStream *s)
+{
+    if (*qk_image_stream_slot(s->img) == s) {
+        *qk_image_stream_slot(s->img) = NULL;
+    }
+    free(s);
 }
 
 QkVmStateStream *qk_image_vmstate_writer_open(QkImage *img, const QkVmStateParams *params,
@@ -95,6 +116,7 @@ QkVmStateStream *qk_image_vmstate_writer_open(QkImage *img, const QkVmStateParam
         free(s);
         return NULL;
     }
+    *qk_image_stream_slot(img) = s;
     return s;
 }
 
@@ -106,6 +128,9 @@ static void coroutine_fn write_entry(void *opaque)
 
 int qk_image_vmstate_write(QkVmStateStream *w, const void *buf, size_t len)
 {
+    if (!w || !w->w) {
+        return -EINVAL; /* not a writer */
+    }
     if (w->error) {
         return w->error;
     }
@@ -140,19 +165,23 @@ static void coroutine_fn close_entry(void *opaque)
 
 int qk_image_vmstate_writer_close(QkVmStateStream *w, const char *name, char *errbuf, size_t errlen)
 {
+    if (!w || !w->w) {
+        set_err(errbuf, errlen, "not a VM-state writer");
+        return -EINVAL;
+    }
     Call c = {.s = w, .name = name};
     qk_co_run(close_entry, &c);
     if (c.ret < 0) {
         set_err(errbuf, errlen, c.err.msg);
     }
     qk_vmstate_writer_free(w->w);
-    free(w);
+    stream_free(w);
     return (int)c.ret;
 }
 
 uint64_t qk_image_vmstate_peak_memory(const QkVmStateStream *s)
 {
-    return s->w ? qk_vmstate_writer_peak_memory(s->w) : 0;
+    return s && s->w ? qk_vmstate_writer_peak_memory(s->w) : 0;
 }
 
 static void coroutine_fn goto_entry(void *opaque)
@@ -165,6 +194,11 @@ QkVmStateStream *qk_image_vmstate_reader_open(QkImage *img, const char *snapshot
                                               const QkVmStateParams *params, uint64_t *size,
                                               char *errbuf, size_t errlen)
 {
+    if (!snapshot || !size) {
+        /* A NULL name must never pick a snapshot to revert to. */
+        set_err(errbuf, errlen, !snapshot ? "no snapshot named" : "no place for the state's size");
+        return NULL;
+    }
     QkVmStateStream *s = stream_new(img, errbuf, errlen);
     if (!s) {
         return NULL;
@@ -180,6 +214,7 @@ QkVmStateStream *qk_image_vmstate_reader_open(QkImage *img, const char *snapshot
         free(s);
         return NULL;
     }
+    *qk_image_stream_slot(img) = s;
     *size = s->size;
     return s;
 }
@@ -192,6 +227,9 @@ static void coroutine_fn read_entry(void *opaque)
 
 int64_t qk_image_vmstate_read(QkVmStateStream *r, void *buf, size_t len)
 {
+    if (!r || !r->r) {
+        return -EINVAL; /* not a reader */
+    }
     Call c = {.s = r, .buf = buf, .len = len};
     qk_co_run(read_entry, &c);
     if (c.ret > 0) {
@@ -209,10 +247,20 @@ static void coroutine_fn reader_close_entry(void *opaque)
 
 void qk_image_vmstate_reader_close(QkVmStateStream *r)
 {
-    if (!r) {
-        return;
+    if (!r || !r->r) {
+        return; /* nothing, or a writer: qk_image_vmstate_writer_close's */
     }
     Call c = {.s = r};
     qk_co_run(reader_close_entry, &c);
-    free(r);
+    stream_free(r);
+}
+
+void qk_image_vmstate_stream_abandon(QkVmStateStream *s)
+{
+    if (s->w) {
+        /* No snapshot: the state written so far is dropped. */
+        qk_image_vmstate_writer_close(s, NULL, NULL, 0);
+    } else {
+        qk_image_vmstate_reader_close(s);
+    }
 }

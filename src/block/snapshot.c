@@ -71,6 +71,9 @@ int coroutine_fn qk_co_snapshot_goto(QkBlock *bs, const char *id_or_name, uint64
     if (!sn->drv->co_snapshot_goto) {
         return unsupported(bs, err);
     }
+    if (!id_or_name) {
+        return qk_error_set(err, -EINVAL, "a snapshot to apply needs an ID or a name");
+    }
     int r = sn->drv->co_snapshot_goto(sn, id_or_name, vm_state_size ? vm_state_size : &dummy, err);
     if (r == 0 && sn != bs) {
         /* The file may have another size now; the format node shows it. */
@@ -90,6 +93,9 @@ int coroutine_fn qk_co_snapshot_delete(QkBlock *bs, const char *id, const char *
     if (!bs->drv->co_snapshot_delete) {
         return unsupported(bs, err);
     }
+    if (!id && !name) {
+        return qk_error_set(err, -EINVAL, "a snapshot to delete needs an ID or a name");
+    }
     return bs->drv->co_snapshot_delete(bs, id, name, err);
 }
 
@@ -100,6 +106,9 @@ int coroutine_fn qk_co_snapshot_load_tmp(QkBlock *bs, const char *id, const char
                             "Block format '%s' used by device '' does not support temporarily loading "
                             "internal snapshots",
                             bs->drv->format_name);
+    }
+    if (!id && !name) {
+        return qk_error_set(err, -EINVAL, "a snapshot to load needs an ID or a name");
     }
     return bs->drv->co_snapshot_load_tmp(bs, id, name, err);
 }

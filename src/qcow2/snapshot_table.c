@@ -275,6 +275,9 @@ int coroutine_fn qcow2_snapshots_write(Qcow2State *s, const Qcow2Snapshot *sn, u
 
 int qcow2_snapshot_find(const Qcow2Snapshot *sn, uint32_t n, const char *id, const char *name)
 {
+    if (!id && !name) {
+        return -1; /* naming nothing never means "the first one" */
+    }
     for (uint32_t i = 0; i < n; i++) {
         if ((!id || strcmp(sn[i].id, id) == 0) && (!name || strcmp(sn[i].name, name) == 0)) {
             return (int)i;
@@ -285,6 +288,9 @@ int qcow2_snapshot_find(const Qcow2Snapshot *sn, uint32_t n, const char *id, con
 
 int qcow2_snapshot_find_id_or_name(const Qcow2Snapshot *sn, uint32_t n, const char *str)
 {
+    if (!str) {
+        return -1;
+    }
     int i = qcow2_snapshot_find(sn, n, str, NULL);
     return i >= 0 ? i : qcow2_snapshot_find(sn, n, NULL, str);
 }
