@@ -226,6 +226,10 @@ static int run_convert(int argc, char **argv)
         }
     }
     int flags = QK_OPEN_RDWR | QK_OPEN_NO_FLUSH; /* qemu-img convert's default: cache=unsafe */
+    /* A source must not change under the copy, nor be the file the copy
+     * writes (a raw source named as the target's data file, say), whatever
+     * its format: qemu-img convert's sources share no writes either. */
+    src_flags |= QK_OPEN_NO_SHARE;
     int sflags = 0;
     if (src_cache && qk_cache_mode_parse(src_cache, &sflags) < 0) {
         qk_tool_error("Invalid source cache option: %s", src_cache);

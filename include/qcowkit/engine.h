@@ -171,6 +171,10 @@ enum {
      * cannot be opened is left out, and then reads of guest data and the
      * VM state fail with ENOMEDIUM. */
     QK_OPEN_METADATA_ONLY = 1 << 9,
+    /* Let no one else write or resize the file while it is open, whatever
+     * the format (a raw image is otherwise shared): the source of a copy,
+     * as qemu-img convert opens its sources. QK_OPEN_FORCE_SHARE wins. */
+    QK_OPEN_NO_SHARE = 1 << 10,
 };
 
 /* Request flags. */

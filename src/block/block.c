@@ -263,6 +263,9 @@ static int coroutine_fn lock_image(QkBlock *file, const QkBlockDriver *drv, int 
         perm |= rw ? QK_PERM_RESIZE : 0;
         shared &= ~(QK_PERM_WRITE | QK_PERM_RESIZE);
     }
+    if (flags & QK_OPEN_NO_SHARE) {
+        shared &= ~(QK_PERM_WRITE | QK_PERM_RESIZE);
+    }
     if (flags & QK_OPEN_FORCE_SHARE) {
         shared = QK_PERM_ALL;
     }

@@ -11,9 +11,11 @@
  */
 #include "qcow2/qcow2_int.h"
 #include "block/block.h"
+#include "block/file_lock.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 int coroutine_fn qcow2_data_file_open(Qcow2State *s, const QkOpenOptions *opts, QkError *err)
 {
@@ -53,6 +55,14 @@ int coroutine_fn qcow2_data_file_open(Qcow2State *s, const QkOpenOptions *opts, 
         /* The spec forbids them: a snapshot's clusters could not be kept apart. */
         return qk_error_corrupt(err, "an image with an external data file cannot have internal snapshots");
     }
+    struct stat ist, dst;
+    if (stat(s->bs->file->filename, &ist) == 0 && stat(s->data_file_name, &dst) == 0 &&
+        ist.st_dev == dst.st_dev && ist.st_ino == dst.st_ino) {
+        /* Guest data would land on the tables; the overlap check does not
+         * look at data-file writes, so refuse it here. */
+        return qk_error_set(err, -EINVAL, "the external data file '%s' is the image file itself",
+                            s->data_file_name);
+    }
     s->data_raw = (s->h.autoclear_features & QCOW2_AUTOCLEAR_DATA_FILE_RAW) != 0;
     int flags = opts->flags & (QK_OPEN_RDWR | QK_OPEN_NOCACHE | QK_OPEN_WRITETHROUGH | QK_OPEN_NO_FLUSH |
                                QK_OPEN_FORCE_SHARE);
@@ -74,6 +84,14 @@ int coroutine_fn qcow2_data_file_open(Qcow2State *s, const QkOpenOptions *opts, 
     }
     if (!d) {
         return err->code ? err->code : -EIO;
+    }
+    /* Locked as QEMU locks a data file: what it takes, nothing it refuses
+     * to share (others may write guest data, as with a raw image), so a
+     * holder that shares no writes (a copy's source) keeps it out. */
+    unsigned perm = QK_PERM_CONSISTENT_READ | ((flags & QK_OPEN_RDWR) ? QK_PERM_WRITE | QK_PERM_RESIZE : 0);
+    if (qk_file_node_lock(d, perm, QK_PERM_ALL, false, err) < 0) {
+        qk_co_block_close(d);
+        return err->code;
     }
     s->data = d;
     return 0;

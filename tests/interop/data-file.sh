@@ -18,6 +18,8 @@
 #  - a missing data file, a data file name that is not a plain local path
 #    (a protocol or json: name), and an L2 entry not at its guest offset,
 #    are errors, not crashes; info without the data file is qemu-img's;
+#  - a data file that is convert's raw source, or the image itself, is
+#    refused and nothing changes (create, convert, -n, a hostile image);
 #  - a relative data file name is relative to the current directory, at
 #    create and at open, as qemu-img has it (an image in a subdirectory).
 # Exit 0 pass, 1 fail.
@@ -243,6 +245,53 @@ PY
   echo "$o" | grep -q "not a plain local file name" || { bad "data file '$evil': message"; echo "$o"; }
 done
 case "$out" in *AddressSanitizer*|*"runtime error"*) bad "hostile mapping: sanitizer report"; echo "$out" ;; esac
+
+# --- a data file that is a file being read, or the image itself ---
+# convert's sources share no writes (qemu-img's rule), so a target whose
+# data file is a raw source is refused before anything is written; a data
+# file naming the image itself is refused at create and at open.
+head -c 2M /dev/urandom > src.raw
+sum=$(md5sum < src.raw)
+for tool in "$QK" qemu-img; do
+  rm -f conv.qcow2
+  "$tool" convert -O qcow2 -o data_file=src.raw src.raw conv.qcow2 > out.txt 2>&1 && bad "$tool: convert into its raw source as data file succeeded"
+  grep -q 'lock' out.txt || { bad "$tool: data file = source: no lock message"; cat out.txt; }
+  [ "$(md5sum < src.raw)" = "$sum" ] || bad "$tool: convert changed its raw source"
+  [ -e conv.qcow2 ] && bad "$tool: a refused convert left conv.qcow2"
+done
+qemu-img create -q -f qcow2 -o data_file=src.raw n.qcow2 2M
+head -c 2M /dev/urandom > src.raw
+sum=$(md5sum < src.raw)
+"$QK" convert -n -O qcow2 src.raw n.qcow2 > out.txt 2>&1 && bad "convert -n into an image whose data file is the source succeeded"
+[ "$(md5sum < src.raw)" = "$sum" ] || bad "convert -n changed its raw source"
+qemu-img create -q -f qcow2 s.qcow2 4M
+qemu-io -c 'write -P 0x5a 0 4M' s.qcow2 > /dev/null
+for args in "create -f qcow2 -o data_file=./self.qcow2 self.qcow2 1M" "convert -O qcow2 -o data_file=$PWD/self.qcow2 s.qcow2 self.qcow2"; do
+  rm -f self.qcow2
+  "$QK" $args > out.txt 2>&1 && bad "$args: a data file that is the image itself accepted"
+  grep -q "is the image file itself" out.txt || { bad "$args: message"; cat out.txt; }
+  [ -e self.qcow2 ] && bad "$args: left self.qcow2 behind"
+done
+# An image naming itself as its data file (hostile): never opened for I/O.
+qemu-img create -q -f qcow2 -o data_file=other-data.raw self.qcow2 1M
+python3 - self.qcow2 <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b"); h = f.read(4096)
+pos = struct.unpack(">I", h[100:104])[0]
+while True:
+    t, n = struct.unpack(">II", h[pos:pos + 8])
+    if t == 0: sys.exit("no data file extension")
+    if t == 0x44415441:
+        name = b"self.qcow2"
+        assert len(name) <= n
+        f.seek(pos + 4); f.write(struct.pack(">I", len(name)) + name + b"\0" * (n - len(name)))
+        break
+    pos += 8 + (n + 7) // 8 * 8
+PY
+before=$(md5sum < self.qcow2)
+"$QK" io -c 'write -P 1 0 64k' self.qcow2 > out.txt 2>&1
+grep -q "is the image file itself" out.txt || { bad "self-naming data file: message"; cat out.txt; }
+[ "$(md5sum < self.qcow2)" = "$before" ] || bad "self-naming data file: the image changed"
 
 # --- a relative data file name, the image in another directory ---
 # As qemu-img: the name is relative to the current directory, at create

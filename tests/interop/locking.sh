@@ -135,10 +135,18 @@ for args in "snapshot -U -c x a.qcow2" "io -U -c flush a.qcow2" "bench -U -w -c 
   echo "$o" | grep -q "force-share=on can only be used with read-only images" || { bad "$args: message"; echo "$o"; }
 done
 
-# A raw image: QEMU shares it with other writers, and so do we.
+# A raw image: QEMU shares it with other writers, and so do we...
 qemu-img create -q -f raw r.raw 1M
 hold qemu-io -f raw r.raw
 "$QK" io -f raw -c 'write -P 3 4k 4k' r.raw >/dev/null 2>&1 || bad "raw held by qemu-io: our write refused"
+# ... but not with a copy: convert's sources share no writes, whatever
+# the format, so a raw image being written is not copied half-changed.
+for p in qemu-img "$QK"; do
+  rm -f conv.qcow2
+  "$p" convert -f raw -O qcow2 r.raw conv.qcow2 > out.txt 2>&1 && bad "$p: convert of a raw image being written succeeded"
+  grep -q 'Failed to get shared "write" lock' out.txt || { bad "$p: convert of a raw image being written: message"; cat out.txt; }
+done
+"$QK" convert -U -f raw -O qcow2 r.raw conv.qcow2 || bad "convert -U of a raw image being written refused"
 unhold
 hold "$QK" io -f raw r.raw
 qemu-io -f raw -c 'write -P 4 8k 4k' r.raw >/dev/null 2>&1 || bad "raw held by us: qemu-io's write refused"
