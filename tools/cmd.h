@@ -82,6 +82,9 @@ typedef struct QkToolCreateOpts {
 } QkToolCreateOpts;
 void qk_tool_create_opts_help(bool qcow2, const char *kind); /* "Supported <kind>options:" */
 bool qk_tool_opt_list_valid(const char *list);
+/* Whether "help" or "?" is an item of any of the N -o lists (qemu-img
+ * then prints the options and does nothing else). */
+bool qk_tool_opt_lists_want_help(char *const *lists, int n);
 /* The next item of a -o list, cut out in place (",," stands for a comma
  * in a value, as in qemu-img; empty items are skipped), or NULL. */
 char *qk_tool_opt_next(char **cursor);

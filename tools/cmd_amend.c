@@ -183,6 +183,11 @@ static int run_amend(int argc, char **argv)
             cache = optarg;
             break;
         case 'o': {
+            if (!qk_tool_opt_list_valid(optarg)) {
+                free(options);
+                qk_tool_error("Invalid option list: %s", optarg);
+                return 1;
+            }
             /* Several -o add up, as with qemu-img. */
             size_t n = (options ? strlen(options) + 1 : 0) + strlen(optarg) + 1;
             char *m = malloc(n);

@@ -88,7 +88,7 @@ static int run_convert(int argc, char **argv)
     bool out_of_order = false, target_is_zero = false, bitmaps = false, skip_broken = false;
     int src_flags = 0;
     uint64_t sparse = 4096, workers = 8;
-    bool workers_set = false;
+    bool workers_set = false, copy_range = false, sparse_set = false;
     char *opt_lists[32];
     int nlists = 0;
     enum { OPT_TARGET_IS_ZERO = 256, OPT_COMPRESS_THREADS, OPT_COMPRESS_LEVEL, OPT_BITMAPS, OPT_SKIP_BROKEN };
@@ -111,7 +111,7 @@ static int run_convert(int argc, char **argv)
         case 'O': out_fmt = optarg; break;
         case 'B': backing = optarg; break;
         case 'F': backing_fmt = optarg; break;
-        case 'C': break; /* copy offloading: the same bytes either way */
+        case 'C': copy_range = true; break; /* the same bytes either way; only its conflicts matter */
         case 'c': compress = true; break;
         case 'l':
             if (!qk_tool_parse_snapshot(optarg, &snap)) {
@@ -153,6 +153,7 @@ static int run_convert(int argc, char **argv)
             opt_lists[nlists++] = optarg;
             break;
         case 'S':
+            sparse_set = true;
             if (qk_parse_size(optarg, &sparse) < 0) {
                 qk_tool_error("Invalid buffer size for sparse output specified. You may use k, M, G, T, P or E "
                               "suffixes for");
@@ -196,6 +197,10 @@ static int run_convert(int argc, char **argv)
         qk_tool_error("Use of --skip-broken-bitmaps requires --bitmaps");
         return 1;
     }
+    if (copy_range && (compress || sparse_set)) {
+        qk_tool_error("Cannot enable copy offloading when -%c is used", compress ? 'c' : 'S');
+        return 1;
+    }
     if (target_is_zero && !no_create) {
         qk_tool_error("--target-is-zero requires use of -n flag");
         return 1;
@@ -203,6 +208,11 @@ static int run_convert(int argc, char **argv)
     if (no_create && nlists) {
         qk_tool_error("-o has no effect when skipping image creation");
         return 1;
+    }
+    bool qcow2 = strcmp(out_fmt, "qcow2") == 0;
+    if (qk_tool_opt_lists_want_help(opt_lists, nlists)) {
+        qk_tool_create_opts_help(qcow2, qcow2 ? "qcow2 " : "raw ");
+        return 0;
     }
     int nb_src = argc - optind - 1;
     if (nb_src < 1) {
@@ -217,13 +227,6 @@ static int run_convert(int argc, char **argv)
          * time, an import took twice qemu-img -m 16 -W's time here. */
         out_of_order = true;
         workers = workers_set ? workers : 16;
-    }
-    bool qcow2 = strcmp(out_fmt, "qcow2") == 0;
-    for (int i = 0; i < nlists; i++) {
-        if (strcmp(opt_lists[i], "help") == 0 || strcmp(opt_lists[i], "?") == 0) {
-            qk_tool_create_opts_help(qcow2, "");
-            return 0;
-        }
     }
     int flags = QK_OPEN_RDWR | QK_OPEN_NO_FLUSH; /* qemu-img convert's default: cache=unsafe */
     /* A source must not change under the copy, nor be the file the copy
@@ -299,6 +302,13 @@ static int run_convert(int argc, char **argv)
     }
     if (backing_fmt) {
         a.o.backing_fmt = backing_fmt;
+    }
+    if (a.o.backing_file && nb_src > 1) {
+        /* The target would read the backing file where a later source has
+         * no data of its own: that source's backing file content is lost. */
+        qk_tool_error("Having a backing file for the target makes no sense when concatenating multiple input "
+                      "images");
+        goto out;
     }
     if (a.o.backing_file && !qcow2) {
         qk_tool_error("Backing file not supported for file format '%s'", out_fmt);

@@ -128,17 +128,9 @@ static int run(int argc, char **argv)
         qk_tool_error("%s: Unknown file format '%s'", name, a.fmt);
         return 1;
     }
-    for (int i = 0; i < nlists; i++) {
-        /* "help" anywhere in a list asks for the help, as in qemu-img. */
-        char copy[4096];
-        snprintf(copy, sizeof(copy), "%s", opt_lists[i]);
-        char *cursor = copy;
-        for (char *kv = qk_tool_opt_next(&cursor); kv; kv = qk_tool_opt_next(&cursor)) {
-            if (strcmp(kv, "help") == 0 || strcmp(kv, "?") == 0) {
-                qk_tool_create_opts_help(is_qcow2(&a), is_qcow2(&a) ? "qcow2 " : "raw ");
-                return 0;
-            }
-        }
+    if (qk_tool_opt_lists_want_help(opt_lists, nlists)) {
+        qk_tool_create_opts_help(is_qcow2(&a), is_qcow2(&a) ? "qcow2 " : "raw ");
+        return 0;
     }
     if (optind >= argc) {
         return qk_tool_bad_usage("create", "Expecting image file name");

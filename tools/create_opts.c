@@ -48,7 +48,31 @@ void qk_tool_create_opts_help(bool qcow2, const char *kind)
 
 bool qk_tool_opt_list_valid(const char *list)
 {
-    return list[strspn(list, ",")] != '\0';
+    /* qemu-img's rule: not empty, no leading comma, and no lone comma at
+     * the end (",," there is an escaped comma in the last value). */
+    if (!list[0] || list[0] == ',') {
+        return false;
+    }
+    size_t len = strlen(list), i = len;
+    while (i > 0 && list[i - 1] == ',') {
+        i--;
+    }
+    return (len - i) % 2 == 0;
+}
+
+bool qk_tool_opt_lists_want_help(char *const *lists, int n)
+{
+    for (int i = 0; i < n; i++) {
+        char copy[4096];
+        snprintf(copy, sizeof(copy), "%s", lists[i]);
+        char *cursor = copy;
+        for (char *kv = qk_tool_opt_next(&cursor); kv; kv = qk_tool_opt_next(&cursor)) {
+            if (strcmp(kv, "help") == 0 || strcmp(kv, "?") == 0) {
+                return true;
+            }
+        }
+    }
+    return false;
 }
 
 char *qk_tool_opt_next(char **cursor)

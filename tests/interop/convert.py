@@ -171,7 +171,13 @@ for args in ([], ["top.qcow2"], ["nope", "o"], ["-O", "bogus", "top.qcow2", "o"]
              ["-l", "snapshot.id=2,snapshot.name=s1", "snap.qcow2", "o"], ["-l", "", "snap.qcow2", "o"],
              ["-l", "snapshot.foo=1", "snap.qcow2", "o"], ["-l", "snapshot.id=1,x=2", "snap.qcow2", "o"],
              ["-l", "s1", "snap.qcow2", "top.qcow2", "o"], ["-l", "s1", "-f", "raw", "in.raw", "o"],
-             ["-l", "s1", "top.qcow2", "o"], ["-r", "abc", "top.qcow2", "o"]):
+             ["-l", "s1", "top.qcow2", "o"], ["-r", "abc", "top.qcow2", "o"],
+             # a backing file for a concatenation would lose what the later
+             # sources' own backing files hold
+             Q + ["-B", "base.qcow2", "-F", "qcow2", "top.qcow2", "top.qcow2", "o"],
+             Q + ["-o", "backing_file=base.qcow2,backing_fmt=qcow2", "top.qcow2", "small.qcow2", "o"],
+             ["-C", "-c", "top.qcow2", "o"], ["-C", "-S", "0", "top.qcow2", "o"],
+             Q + ["-o", "cluster_size=4k,", "top.qcow2", "o"], Q + ["-o", ",cluster_size=4k", "top.qcow2", "o"]):
     case("error: %s" % " ".join(args), args)
 
 
