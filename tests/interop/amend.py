@@ -152,6 +152,7 @@ for args in (["t.qcow2"], ["-o", "compat=1.2", "t.qcow2"], ["-o", "compat=", "t.
              ["-o", "preallocation=full", "t.qcow2"], ["-o", "refcount_bits=3", "t.qcow2"],
              ["-o", "refcount_bits=128", "t.qcow2"], ["-o", "refcount_bits=abc", "t.qcow2"],
              ["-o", "size=abc", "t.qcow2"], ["-o", "backing_file=x.qcow2", "t.qcow2"],
+             ["-o", "lazy_refcounts=on,", "t.qcow2"], ["-o", ",lazy_refcounts=on", "t.qcow2"],
              ["-o", "bogus=1", "t.qcow2"], ["-o", "data_file=x", "t.qcow2"],
              ["-o", "data_file_raw=on", "t.qcow2"], ["-o", "encrypt.new-secret=x", "t.qcow2"],
              ["-o", "compat=0.10,lazy_refcounts=on", "t.qcow2"], ["-o", "compat=0.10,refcount_bits=8", "t.qcow2"],
