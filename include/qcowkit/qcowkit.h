@@ -13,11 +13,16 @@
  * on bad input or an I/O error.
  *
  * Memory: an allocation for data (buffers, tables, requests) that fails
- * is reported as -ENOMEM. The process is aborted only when the engine's
- * own bookkeeping cannot be allocated or set up (a coroutine stack, an
- * event loop, a few iovecs) or the kernel refuses an io_uring submission
- * that was already prepared: states it cannot unwind without losing
- * track of requests in flight.
+ * is reported as -ENOMEM. Each thread that calls the library gets an event
+ * loop (a ring or worker threads, a few descriptors) on its first call;
+ * when it cannot be set up (out of descriptors, say) qk_image_open,
+ * qk_async_open and a thread's first I/O call fail with the error. The
+ * loop is freed when its thread exits, unless requests are still in
+ * flight on it (an open VM-state stream's) or an inline async image uses
+ * it. The process is aborted only when the engine's own bookkeeping
+ * cannot be allocated later (a coroutine stack, a few iovecs) or the
+ * kernel refuses an io_uring submission that was already prepared: states
+ * it cannot unwind without losing track of requests in flight.
  */
 #ifndef QCOWKIT_QCOWKIT_H
 #define QCOWKIT_QCOWKIT_H

@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,7 @@ struct QkLoop {
     int nfds_alloc;
     unsigned fd_waiters;
     unsigned reap_batch;    /* completions per look at the fds (0: all) */
+    unsigned pins;          /* users that keep a pointer to it (qk_loop_pin) */
 };
 
 /* Read by every thread that makes a loop, set by the program (or from
@@ -69,6 +71,46 @@ static QkAioBackendKind get_choice(void)
     return (QkAioBackendKind)__atomic_load_n(&backend_choice, __ATOMIC_RELAXED);
 }
 static __thread QkLoop *thread_loop;
+
+/* A thread's loop is freed when the thread exits, if nothing still needs
+ * it: otherwise every short-lived thread that did one sync call would
+ * keep its ring, eventfd, epoll descriptor and worker threads forever. */
+static pthread_key_t exit_key;
+static pthread_once_t exit_key_once = PTHREAD_ONCE_INIT;
+
+static bool loop_idle(QkLoop *loop)
+{
+    if (loop->wake_head || loop->cb_head || loop->timers || loop->fd_waiters || loop->pins) {
+        return false;
+    }
+    /* Pushes nothing (nothing is queued between calls) and tells what is
+     * still in flight: a VM-state stream's writes may be. */
+    return loop->ops.submit(loop->backend) == 0 && (!loop->bg || loop->bg_ops.submit(loop->bg) == 0);
+}
+
+static void thread_exit(void *p)
+{
+    if (p && thread_loop == p && loop_idle(thread_loop)) {
+        qk_loop_destroy_current();
+    }
+}
+
+static void exit_key_init(void)
+{
+    if (pthread_key_create(&exit_key, thread_exit) != 0) {
+        exit_key = (pthread_key_t)-1;
+    }
+}
+
+void qk_loop_pin(QkLoop *loop)
+{
+    loop->pins++;
+}
+
+void qk_loop_unpin(QkLoop *loop)
+{
+    loop->pins--;
+}
 
 void qk_aio_set_backend(QkAioBackendKind kind)
 {
@@ -107,18 +149,21 @@ static void epoll_add(QkLoop *loop, int fd, void *ptr)
     epoll_ctl(loop->epfd, EPOLL_CTL_ADD, fd, &ev);
 }
 
-QkLoop *qk_loop_get(void)
+int qk_loop_try_get(QkLoop **out)
 {
     if (thread_loop) {
-        return thread_loop;
+        *out = thread_loop;
+        return 0;
     }
     QkLoop *loop = calloc(1, sizeof(*loop));
     if (!loop) {
-        abort();
+        return -ENOMEM;
     }
     loop->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (loop->epfd < 0) {
-        abort(); /* out of descriptors or memory before any I/O (see qcowkit.h) */
+        int e = errno;
+        free(loop);
+        return -e;
     }
     int err = 0;
     /* QCOWKIT_AIO lets tests run every program on both backends. */
@@ -134,13 +179,32 @@ QkLoop *qk_loop_get(void)
     if (!loop->backend) {
         loop->backend = qk_threads_backend_new(&loop->ops, &err);
         if (!loop->backend) {
-            abort(); /* neither backend could start (see qcowkit.h) */
+            /* Neither backend could start: out of descriptors, memory or
+             * threads. Nothing was queued yet, so this is an error to
+             * report, not a state to abort in. */
+            close(loop->epfd);
+            free(loop);
+            return err ? -err : -EAGAIN;
         }
     }
     /* NULL data marks the backend's completion fd. */
     epoll_add(loop, loop->ops.event_fd, NULL);
     loop->reap_batch = (unsigned)qk_tunable(QK_TUNE_LOOP_REAP_BATCH);
     thread_loop = loop;
+    pthread_once(&exit_key_once, exit_key_init);
+    if (exit_key != (pthread_key_t)-1) {
+        pthread_setspecific(exit_key, loop);
+    }
+    *out = loop;
+    return 0;
+}
+
+QkLoop *qk_loop_get(void)
+{
+    QkLoop *loop;
+    if (qk_loop_try_get(&loop) < 0) {
+        abort(); /* callers that can report it use qk_loop_try_get first (see qcowkit.h) */
+    }
     return loop;
 }
 
@@ -166,6 +230,9 @@ void qk_loop_destroy_current(void)
     }
     free(loop);
     thread_loop = NULL;
+    if (exit_key != (pthread_key_t)-1) {
+        pthread_setspecific(exit_key, NULL);
+    }
     qk_coroutine_pool_drain();
 }
 

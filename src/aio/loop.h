@@ -26,6 +26,16 @@ typedef enum QkAioBackendKind {
 int qk_aio_set_backend_name(const char *name);
 void qk_aio_set_backend(QkAioBackendKind kind);
 
+/* This thread's loop, made on first use: 0, or -errno when it cannot be
+ * set up (out of descriptors, memory or threads). Entry points that can
+ * report an error call it first; qk_loop_get() aborts instead. */
+int qk_loop_try_get(QkLoop **out);
+
+/* A user that keeps a pointer to LOOP across calls (an inline async image)
+ * pins it, so the thread's exit does not free it under the user. */
+void qk_loop_pin(QkLoop *loop);
+void qk_loop_unpin(QkLoop *loop);
+
 /* Runs one iteration; when blocking, waits for at least one event if
  * nothing is ready. Returns true if anything was done. */
 bool qk_loop_run_once(QkLoop *loop, bool blocking);

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 struct QkImage {
     QkBlock *bs;
@@ -26,6 +27,15 @@ QkImage *qk_image_open(const char *filename, const char *format, int flags,
         if (errbuf && errlen) {
             snprintf(errbuf, errlen, filename ? "unknown flags %#x" : "no file name given",
                      (unsigned)(flags & ~(QK_IMAGE_RDWR | QK_IMAGE_NOCACHE)));
+        }
+        return NULL;
+    }
+    QkLoop *loop;
+    int lr = qk_loop_try_get(&loop);
+    if (lr < 0) {
+        /* Out of descriptors or threads: an error, not an abort later. */
+        if (errbuf && errlen) {
+            snprintf(errbuf, errlen, "Could not set up an event loop: %s", strerror(-lr));
         }
         return NULL;
     }
@@ -115,6 +125,11 @@ static int run(Call c)
 {
     if (!c.img) {
         return -EINVAL;
+    }
+    QkLoop *loop;
+    int lr = qk_loop_try_get(&loop); /* another thread's first call */
+    if (lr < 0) {
+        return lr;
     }
     qk_co_run(call_entry, &c);
     return c.ret;

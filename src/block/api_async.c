@@ -259,6 +259,18 @@ static void coroutine_fn final_flush(void *opaque)
 static void open_block(QkAsyncImage *a)
 {
     QkError err = {0};
+    QkLoop *loop;
+    int lr = qk_loop_try_get(&loop);
+    if (lr < 0) {
+        /* Out of descriptors or threads for the loop: an open error. */
+        pthread_mutex_lock(&a->lock);
+        a->open_ret = lr;
+        snprintf(a->open_msg, sizeof(a->open_msg), "Could not set up an event loop: %s", strerror(-lr));
+        a->opened = true;
+        pthread_cond_signal(&a->opened_cond);
+        pthread_mutex_unlock(&a->lock);
+        return;
+    }
     QkOpenOptions o = {.format = a->format};
     if (a->flags & QK_IMAGE_RDWR) {
         o.flags |= QK_OPEN_RDWR;
@@ -335,6 +347,9 @@ static void queue_destroy(QkQueue *q)
 
 static void async_free(QkAsyncImage *a, int nq)
 {
+    if (a->inline_mode && a->loop) {
+        qk_loop_unpin(a->loop);
+    }
     for (int i = 0; i < nq; i++) {
         queue_destroy(&a->queues[i]);
     }
@@ -407,7 +422,17 @@ QkAsyncImage *qk_async_open(const char *filename, const char *format, int flags,
     bool ok = a->wake_fd >= 0 && a->filename && (!format || a->format);
     if (ok && a->inline_mode) {
         a->owner = pthread_self();
-        a->loop = qk_loop_get();
+        int lr = qk_loop_try_get(&a->loop);
+        if (lr < 0) {
+            char m[128];
+            snprintf(m, sizeof(m), "Could not set up an event loop: %s", strerror(-lr));
+            set_err(errbuf, errlen, m);
+            a->loop = NULL;
+            async_free(a, 0);
+            return NULL;
+        }
+        /* The image keeps the loop: the thread's exit must not free it. */
+        qk_loop_pin(a->loop);
         a->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
         ok = a->timer_fd >= 0;
     }
@@ -420,7 +445,9 @@ QkAsyncImage *qk_async_open(const char *filename, const char *format, int flags,
         ok = q->done_fd >= 0 && (!a->inline_mode || make_poll_set(q) == 0);
     }
     if (!ok) {
-        set_err(errbuf, errlen, errno == ENOMEM ? "out of memory" : "Could not create an eventfd");
+        char m[128];
+        snprintf(m, sizeof(m), "Could not create an eventfd: %s", strerror(errno ? errno : ENOMEM));
+        set_err(errbuf, errlen, m);
         async_free(a, nq);
         return NULL;
     }
