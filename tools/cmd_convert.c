@@ -21,7 +21,7 @@ static const char *const usage_text =
     "                       [-o OPTIONS] [-B BACKING_FILE [-F BACKING_FMT]] [-S SPARSE_SIZE]\n"
     "                       [-m NUM_COROUTINES] [-t CACHE] [-T SRC_CACHE] [-r RATE]\n"
     "                       [-l SNAPSHOT_PARAM] [--compress-threads N] [--compress-level N]\n"
-    "                       [--target-is-zero] [--bitmaps [--skip-broken-bitmaps]]\n"
+    "                       [--target-is-zero] [--bitmaps [--skip-broken-bitmaps]] [--salvage]\n"
     "                       SRC [SRC...] DST\n"
     "\n"
     "Copies the content of SRC (several are concatenated) into a new image DST\n"
@@ -54,6 +54,9 @@ static const char *const usage_text =
     "  -r RATE       read at most RATE bytes of data per second (k, M, G suffixes)\n"
     "  --bitmaps     copy the persistent dirty bitmaps of SRC (one source, qcow2 DST)\n"
     "  --skip-broken-bitmaps  with --bitmaps: skip bitmaps left in use, with a warning\n"
+    "  --salvage     copy what can be read: a source read that fails is retried\n"
+    "                512 bytes at a time, and what still fails is written as\n"
+    "                zeros with a warning (the copy ends with status 0)\n"
     "  -C            accepted for compatibility; no effect\n"
     "  -p            show progress\n"
     "  -q            quiet\n";
@@ -64,6 +67,14 @@ typedef struct ConvertCmd {
     QkError err;
     int ret;
 } ConvertCmd;
+
+/* --salvage: each 512 bytes that could not be read, as qemu-img warns. */
+static void salvaged(uint64_t off, int err, void *opaque)
+{
+    (void)opaque;
+    fflush(stdout);
+    fprintf(stderr, "%s: warning: error while reading offset %" PRIu64 ": %s\n", qk_progname, off, strerror(-err));
+}
 
 static void coroutine_fn convert_co(void *opaque)
 {
@@ -85,13 +96,14 @@ static int run_convert(int argc, char **argv)
     QkToolSnapshot snap;
     uint64_t rate = 0, compress_threads = 0, compress_level = 0;
     bool compress = false, progress = false, quiet = false, no_create = false;
-    bool out_of_order = false, target_is_zero = false, bitmaps = false, skip_broken = false;
+    bool out_of_order = false, target_is_zero = false, bitmaps = false, skip_broken = false, salvage = false;
     int src_flags = 0;
     uint64_t sparse = 4096, workers = 8;
     bool workers_set = false, copy_range = false, sparse_set = false;
     char *opt_lists[32];
     int nlists = 0;
-    enum { OPT_TARGET_IS_ZERO = 256, OPT_COMPRESS_THREADS, OPT_COMPRESS_LEVEL, OPT_BITMAPS, OPT_SKIP_BROKEN };
+    enum { OPT_TARGET_IS_ZERO = 256, OPT_COMPRESS_THREADS, OPT_COMPRESS_LEVEL, OPT_BITMAPS, OPT_SKIP_BROKEN,
+           OPT_SALVAGE };
     static const struct option longopts[] = {
         {"help", no_argument, NULL, 'h'},
         {"force-share", no_argument, NULL, 'U'},
@@ -100,6 +112,7 @@ static int run_convert(int argc, char **argv)
         {"compress-level", required_argument, NULL, OPT_COMPRESS_LEVEL},
         {"bitmaps", no_argument, NULL, OPT_BITMAPS},
         {"skip-broken-bitmaps", no_argument, NULL, OPT_SKIP_BROKEN},
+        {"salvage", no_argument, NULL, OPT_SALVAGE},
         {NULL, 0, NULL, 0},
     };
     opterr = 0;
@@ -129,6 +142,7 @@ static int run_convert(int argc, char **argv)
         case OPT_TARGET_IS_ZERO: target_is_zero = true; break;
         case OPT_BITMAPS: bitmaps = true; break;
         case OPT_SKIP_BROKEN: skip_broken = true; break;
+        case OPT_SALVAGE: salvage = true; break;
         case OPT_COMPRESS_THREADS:
             if (qk_parse_uint(optarg, &compress_threads) < 0 || compress_threads < 1 || compress_threads > 1024) {
                 qk_tool_error("Invalid number of compression threads '%s': 1 to 1024", optarg);
@@ -195,6 +209,10 @@ static int run_convert(int argc, char **argv)
     }
     if (skip_broken && !bitmaps) {
         qk_tool_error("Use of --skip-broken-bitmaps requires --bitmaps");
+        return 1;
+    }
+    if (copy_range && salvage) {
+        qk_tool_error("Cannot use copy offloading in salvaging mode");
         return 1;
     }
     if (copy_range && (compress || sparse_set)) {
@@ -420,6 +438,8 @@ static int run_convert(int argc, char **argv)
             .out_of_order = out_of_order,
             .rate = rate,
             .progress = qk_progress_report,
+            .salvage = salvage,
+            .salvaged = salvaged,
         },
     };
     c.co.opaque = &c.progress;

@@ -530,6 +530,12 @@ typedef struct QkConvertOptions {
     const QkDirtyBitmap *only;
     QkJobProgress *progress;     /* may be NULL */
     void *opaque;
+    /* --salvage: a source read that fails is retried 512 bytes at a time;
+     * each piece that still fails is copied as zeros and reported to
+     * salvaged(off, -errno, opaque) (off in the concatenated sources)
+     * instead of ending the copy. */
+    bool salvage;
+    void (*salvaged)(uint64_t off, int err, void *opaque);
 } QkConvertOptions;
 
 /* Copies; returns 0 or the first error (-errno), with err saying what

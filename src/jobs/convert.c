@@ -161,6 +161,23 @@ static int add_seg(Worker *w, uint64_t off, uint64_t len, int kind)
     return 0;
 }
 
+/* --salvage: [pos, pos+n) of source i failed as a whole; what of it
+ * still reads 512 bytes at a time is kept, the rest becomes zeros. */
+static void coroutine_fn salvage_read(Run *r, int i, uint64_t pos, uint64_t n, uint8_t *buf)
+{
+    for (uint64_t done = 0; done < n;) {
+        uint64_t piece = QK_MIN((uint64_t)512, n - done);
+        int ret = qk_co_pread(r->o->src[i], pos + done - r->start[i], piece, buf + done, 0);
+        if (ret < 0) {
+            memset(buf + done, 0, piece);
+            if (r->o->salvaged) {
+                r->o->salvaged(pos + done, ret, r->o->opaque);
+            }
+        }
+        done += piece;
+    }
+}
+
 /* Reads [pos, pos+len) of the concatenated sources into buf. */
 static int coroutine_fn read_src(Run *r, uint64_t pos, uint64_t len, uint8_t *buf)
 {
@@ -168,6 +185,10 @@ static int coroutine_fn read_src(Run *r, uint64_t pos, uint64_t len, uint8_t *bu
         int i = src_index(r, pos);
         uint64_t n = QK_MIN(len, r->start[i + 1] - pos);
         int ret = qk_co_pread(r->o->src[i], pos - r->start[i], n, buf, QK_REQ_BULK_READ);
+        if (ret < 0 && r->o->salvage) {
+            salvage_read(r, i, pos, n, buf);
+            ret = 0;
+        }
         if (ret < 0) {
             return failed(r, "reading at byte", pos, ret);
         }

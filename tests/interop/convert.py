@@ -148,6 +148,7 @@ for l in ("s1", "1", "s2", "2", "snapshot.name=s1", "snapshot.id=2", "snapshot.i
 case("-l s1 -> raw", ["-l", "s1", "snap.qcow2", "o"])
 case("-l s1 -c", Q + ["-c", "-l", "s1", "snap.qcow2", "o"], out_fmt="qcow2")
 case("-r 64M", Q + ["-r", "64M", "top.qcow2", "o"], out_fmt="qcow2")
+case("--salvage, nothing damaged", Q + ["--salvage", "top.qcow2", "o"], out_fmt="qcow2")
 case("-c from a raw file of 1,160,000 bytes", Q + ["-c", "-f", "raw", "odd.raw", "o"], out_fmt="qcow2")
 for args in ([], ["top.qcow2"], ["nope", "o"], ["-O", "bogus", "top.qcow2", "o"], ["-f", "bogus", "top.qcow2", "o"],
              ["-c", "top.qcow2", "o"], ["-n", "top.qcow2", "missing"], ["-n", "top.qcow2", "small.qcow2"],
@@ -177,6 +178,7 @@ for args in ([], ["top.qcow2"], ["nope", "o"], ["-O", "bogus", "top.qcow2", "o"]
              Q + ["-B", "base.qcow2", "-F", "qcow2", "top.qcow2", "top.qcow2", "o"],
              Q + ["-o", "backing_file=base.qcow2,backing_fmt=qcow2", "top.qcow2", "small.qcow2", "o"],
              ["-C", "-c", "top.qcow2", "o"], ["-C", "-S", "0", "top.qcow2", "o"],
+             ["-C", "--salvage", "top.qcow2", "o"],
              Q + ["-o", "cluster_size=4k,", "top.qcow2", "o"], Q + ["-o", ",cluster_size=4k", "top.qcow2", "o"]):
     case("error: %s" % " ".join(args), args)
 
