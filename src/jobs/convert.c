@@ -178,6 +178,27 @@ static void coroutine_fn salvage_read(Run *r, int i, uint64_t pos, uint64_t n, u
     }
 }
 
+/* Where in [pos, pos+n) of source i the read that failed with ret fails:
+ * the start of the first cluster that does not read (a damaged cluster
+ * is named, not the start of the claim that held it, as qemu-img names
+ * the request that failed). */
+static uint64_t coroutine_fn first_bad(Run *r, int i, uint64_t pos, uint64_t n, uint8_t *buf, int ret)
+{
+    QkImageInfo info = {0};
+    qk_block_get_info(r->o->src[i], &info);
+    uint64_t step = info.cluster_size ? info.cluster_size : 65536;
+    uint64_t rel = pos - r->start[i];
+    for (uint64_t at = rel; at < rel + n;) {
+        uint64_t piece = QK_MIN(rel + n, (at / step + 1) * step) - at;
+        if (qk_co_pread(r->o->src[i], at, piece, buf, 0) < 0) {
+            return r->start[i] + at;
+        }
+        at += piece;
+    }
+    (void)ret;
+    return pos; /* it read this time: the failure was not the data's */
+}
+
 /* Reads [pos, pos+len) of the concatenated sources into buf. */
 static int coroutine_fn read_src(Run *r, uint64_t pos, uint64_t len, uint8_t *buf)
 {
@@ -190,7 +211,7 @@ static int coroutine_fn read_src(Run *r, uint64_t pos, uint64_t len, uint8_t *bu
             ret = 0;
         }
         if (ret < 0) {
-            return failed(r, "reading at byte", pos, ret);
+            return failed(r, "reading at byte", first_bad(r, i, pos, n, buf, ret), ret);
         }
         pos += n;
         buf += n;

@@ -241,7 +241,25 @@ def run_compressed(qcowkit, work, env):
             why.append("file changed")
         print("%s %-40s %s" % ("FAIL" if why else "ok  ", name, "; ".join(why)))
         fails += 1 if why else 0
-    return len(cases), fails
+    # A damaged compressed cluster after plain data: the error names the
+    # cluster's offset, as qemu-img's does, not the start of the copy.
+    p = os.path.join(work, "mid.qcow2")
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", p, "4M"], check=True)
+    subprocess.run(["qemu-io", "-c", "write -P 0x22 0 256k", "-c", "write -c -P 0x11 256k 64k",
+                    "-c", "write -P 0x22 320k 64k", p], check=True, stdout=subprocess.DEVNULL)
+    img = bytearray(open(p, "rb").read())
+    l2 = l1_entry(img) & 0x00fffffffffffe00
+    host = struct.unpack_from(">Q", img, l2 + 4 * 8)[0] & ((1 << 54) - 1)
+    img[host:host + 64] = b"\xff" * 64
+    open(p, "wb").write(img)
+    msgs = []
+    for tool in ("qemu-img", qcowkit):
+        cv = subprocess.run([tool, "convert", "-O", "raw", p, os.path.join(work, "mid.raw")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        msgs.append((cv.returncode, "at byte 262144:" in cv.stdout))
+    ok = msgs[0] == msgs[1] == (1, True)
+    print("%s %-40s %s" % ("ok  " if ok else "FAIL", "damaged cluster at 256k: error offset", msgs))
+    return len(cases) + 1, fails + (0 if ok else 1)
 
 def main():
     qcowkit, work = sys.argv[1], sys.argv[2]
