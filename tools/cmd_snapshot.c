@@ -165,7 +165,11 @@ static int coroutine_fn do_create(SnapRun *m)
     /* qemu-img records an icount of 0 for the snapshots it takes; QEMU's
      * savevm, which a snapshot with VM state stands for, records none
      * (-1) unless it runs record/replay. */
-    QkSnapshotInfo info = {.name = (char *)m->name, .icount = m->vm_in ? -1 : 0};
+    /* qemu-img keeps the first 255 bytes of a name; -a and -d then find
+     * the snapshot by what it keeps, here too. */
+    char name[256];
+    snprintf(name, sizeof(name), "%s", m->name);
+    QkSnapshotInfo info = {.name = name, .icount = m->vm_in ? -1 : 0};
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     info.date_sec = (uint32_t)ts.tv_sec;

@@ -81,8 +81,15 @@ int coroutine_fn qk_co_snapshot_goto(QkBlock *bs, const char *id_or_name, uint64
         bs->size = len >= 0 ? (uint64_t)len : bs->size;
     }
     if (r == 0) {
-        /* The whole disk may read differently now. */
-        qk_dirty_bitmaps_mark_all(bs, 0, bs->size);
+        /* The whole disk may read differently now, at its new size too:
+         * bitmaps follow the size first, or a grown disk's new part
+         * would stay clean. */
+        int64_t len = qk_block_length(bs);
+        uint64_t size = len >= 0 ? (uint64_t)len : bs->size;
+        if (qk_dirty_bitmaps_truncate(bs, size) < 0) {
+            return qk_error_set(err, -ENOMEM, "out of memory");
+        }
+        qk_dirty_bitmaps_mark_all(bs, 0, size);
     }
     return r;
 }

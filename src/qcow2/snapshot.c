@@ -444,6 +444,10 @@ int coroutine_fn qcow2_co_snapshot_create(QkBlock *bs, const QkSnapshotInfo *inf
         /* Its clusters are not counted, so nothing could share them. */
         return qk_error_set(err, -ENOTSUP, "internal snapshots are not supported with an external data file");
     }
+    if (strlen(info->name) > UINT16_MAX) {
+        /* Before anything is allocated: the table could not hold it. */
+        return qk_error_set(err, -EINVAL, "snapshot name too long");
+    }
     int r = check_writable(s, err);
     if (r < 0) {
         return r;

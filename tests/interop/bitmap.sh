@@ -254,4 +254,21 @@ for d in "16 \x02 has type 2" "17 \x08 granularity bits 8" "12 \x00\x00\x00\x10 
   qemu-img check bdd.qcow2 >/dev/null 2>&1 && bad "bitmap entry, $msg: qemu-img accepts it (the damage is wrong)"
 done
 "$QK" check bd.qcow2 >/dev/null || bad "bitmap entry: the undamaged image does not check clean"
+
+# snapshot -a to a larger snapshot (a deliberate difference: qemu-img
+# refuses -a with bitmaps): the enabled bitmap grows with the disk and is
+# dirty over all of it, the new part included, which now holds data.
+qemu-img create -q -f qcow2 rs.qcow2 32M
+qemu-io -c 'write -P 1 0 1M' rs.qcow2 >/dev/null
+qemu-img snapshot -c small rs.qcow2
+qemu-img resize -q rs.qcow2 64M
+qemu-io -c 'write -P 2 40M 1M' rs.qcow2 >/dev/null
+qemu-img snapshot -c big rs.qcow2
+qemu-img snapshot -a small rs.qcow2
+qemu-img bitmap --add rs.qcow2 gb
+"$QK" snapshot -a big rs.qcow2 || bad "snapshot -a big with a bitmap"
+qemu-img check -q rs.qcow2 || bad "snapshot -a big: check"
+m=$(bmap rs.qcow2 gb)
+[ "$(echo "$m" | awk '$4 == "dirty" {n += $2} END {print n}')" = 67108864 ] ||
+  { bad "snapshot -a big: the bitmap is not dirty over the whole 64 MiB"; echo "$m"; }
 exit $fail

@@ -84,4 +84,19 @@ for op in "-a q1" "-a 1" "-a 3" "-d q1" "-d k1" "-d 1"; do
   qemu-img compare -q by-qemu.qcow2 by-qk.qcow2 || bad "$op: different disk content"
   qemu-img check -q by-qk.qcow2 || bad "$op: qemu-img check"
 done
+
+# Long names: qemu-img keeps the first 255 bytes (and finds the snapshot
+# by them); a name of 70,000 bytes is no error and leaks nothing.
+for n in 300 70000; do
+  long=$(head -c "$n" /dev/zero | tr '\0' 'n')
+  qemu-img create -q -f qcow2 by-qemu.qcow2 1M
+  cp by-qemu.qcow2 by-qk.qcow2
+  qemu-img snapshot -c "$long" by-qemu.qcow2; qs=$?
+  $QK snapshot -c "$long" by-qk.qcow2; ks=$?
+  [ "$qs" = "$ks" ] || bad "a $n-byte name: exit $ks, qemu-img $qs"
+  qemu-img check -q by-qk.qcow2 || bad "a $n-byte name: qemu-img check"
+  [ "$(qemu-img info --output=json by-qk.qcow2 | grep -c '"name": "n\{255\}"')" = 1 ] ||
+    bad "a $n-byte name: not kept as its first 255 bytes"
+  $QK snapshot -a "${long:0:255}" by-qk.qcow2 || bad "a $n-byte name: not found by its first 255 bytes"
+done
 exit $fail
