@@ -44,6 +44,9 @@ extern const QkControlTable qk_control_backup_table;  /* backup-start, backup-ex
 extern const QkControlTable qk_control_bitmap_table;  /* block-dirty-bitmap-* */
 
 /* Cancels every job and waits for them (before exports close at shutdown). */
+/* Requests every unfinished job's cancellation (no wait): the first step
+ * of shutting down. */
+void qk_control_jobs_cancel_all(void);
 void coroutine_fn qk_co_control_jobs_shutdown(void);
 /* The id of a job that has not finished and uses export NAME's node (the
  * mirror source, or after the switch the target the export serves), or

@@ -145,6 +145,10 @@ QkNbdExport *qk_control_job_check_args(QkDaemon *d, const char *exp_name, const 
         qk_error_set(err, -ENOENT, "Export '%s' not found", exp_name);
         return NULL;
     }
+    if (id && !qk_job_id_valid(id)) {
+        qk_error_set(err, -EINVAL, "Invalid job ID '%s'", id);
+        return NULL;
+    }
     if (id && qk_job_find(id)) {
         qk_error_set(err, -EEXIST, "Job ID '%s' is already in use", id);
         return NULL;
@@ -442,13 +446,18 @@ static json_t *coroutine_fn cmd_job_dismiss(QkDaemon *d, json_t *args, QkError *
     return json_object();
 }
 
-void coroutine_fn qk_co_control_jobs_shutdown(void)
+void qk_control_jobs_cancel_all(void)
 {
     for (QkJob *j = qk_job_first(); j; j = j->next) {
         if (!qk_job_is_finished(j)) {
             qk_job_cancel(j, NULL);
         }
     }
+}
+
+void coroutine_fn qk_co_control_jobs_shutdown(void)
+{
+    qk_control_jobs_cancel_all();
     while (qk_job_first()) {
         QkJob *j = qk_job_first();
         qk_co_job_wait(j);

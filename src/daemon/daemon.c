@@ -145,6 +145,10 @@ static void coroutine_fn daemon_main(void *opaque)
         qk_co_queue_wait(&d->wake);
     }
     d->quit = true;
+    /* Jobs end first (cancelled, so paused ones run again): a control
+     * client waiting for one (job-complete wait=true) then gets its
+     * answer, and stopping the control socket does not wait forever. */
+    qk_control_jobs_cancel_all();
     if (d->ctl) {
         qk_co_control_stop(d->ctl);
     }

@@ -61,9 +61,20 @@ QkJob *qk_job_first(void)
     return job_list;
 }
 
+bool qk_job_id_valid(const char *id)
+{
+    if (!((id[0] >= 'a' && id[0] <= 'z') || (id[0] >= 'A' && id[0] <= 'Z'))) {
+        return false;
+    }
+    return id[strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._")] == '\0';
+}
+
 int qk_job_init(QkJob *job, const QkJobDriver *drv, const char *id, QkError *err)
 {
     char buf[32];
+    if (id && !qk_job_id_valid(id)) {
+        return qk_error_set(err, -EINVAL, "Invalid job ID '%s'", id);
+    }
     if (!id) {
         do {
             snprintf(buf, sizeof(buf), "job%u", job_counter++);
@@ -174,6 +185,12 @@ int qk_job_cancel(QkJob *job, QkError *err)
 
 int qk_job_complete(QkJob *job, QkError *err)
 {
+    if (job->paused) {
+        /* QEMU's rule: a paused job would not finish, and whoever waits
+         * for the completion would wait until it is resumed. */
+        return qk_error_set(err, -EBUSY, "Job '%s' in state 'paused' cannot accept command verb 'complete'",
+                            job->id);
+    }
     if (job->state != QK_JOB_READY) {
         return qk_error_set(err, -EBUSY, "Job '%s' in state '%s' cannot be completed (not ready)",
                             job->id, qk_job_state_name(job->state));

@@ -66,6 +66,8 @@ int qk_job_init(QkJob *job, const QkJobDriver *drv, const char *id, QkError *err
 void qk_job_start(QkJob *job);
 
 QkJob *qk_job_find(const char *id);
+/* QEMU's rule for a job id: a letter, then letters, digits, '-', '.', '_'. */
+bool qk_job_id_valid(const char *id);
 QkJob *qk_job_first(void);
 const char *qk_job_state_name(QkJobState s);
 /* CPU time the whole process used since the job started (until it ended):

@@ -641,6 +641,14 @@ static int coroutine_fn mirror_run(QkJob *job, QkError *err)
         update_progress(m);
         if (job->state == QK_JOB_RUNNING && job->dirty_bytes <= m->o.ready_threshold &&
             qk_task_pool_busy(m->pool) == 0) {
+            /* "ready" promises a copy on the target as of now, crash or
+             * not (QEMU flushes here too): what was copied so far must be
+             * stable before the job says so. */
+            r = qk_co_flush(m->target);
+            if (r < 0) {
+                qk_error_set_errno(err, r, "Could not flush the mirror target");
+                break;
+            }
             qk_job_set_ready(job);
         }
         if (job->state == QK_JOB_READY && job->complete_requested) {

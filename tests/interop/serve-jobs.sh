@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Jobs of `qcowkit serve` where a user's script could be misled or stuck:
+#  - a mirror that says "ready" has its copy on the target's disk: the
+#    daemon SIGKILLed right then leaves a target equal to the source;
+#  - job-complete on a paused job is refused (QEMU's rule), and "quit"
+#    while a client waits in job-complete wait=true ends the daemon;
+#  - job ids must be QEMU-style identifiers.
+# Plain and ASan builds. Exit 0 pass, 1 fail.
+. "$SRC_DIR/tests/interop/nbd-lib.bash"
+
+ctl() { "$BIN" ctl ctl.sock "$@"; }
+job_field() { ctl query-jobs | sed -n "s/.*\"$1\": \"\{0,1\}\([^\",]*\)\"\{0,1\},\{0,1\}$/\1/p" | head -n 1; }
+wait_ready() {
+  local i
+  for i in $(seq 600); do
+    [ "$(job_field status)" = ready ] && return 0
+    sleep 0.05
+  done
+  ctl query-jobs
+  fail "job never became ready"
+}
+
+for BIN in "$QK_PLAIN" "$QK_ASAN"; do
+  rm -f src.qcow2 dst.qcow2 ctl.sock nbd.sock
+  qemu-img create -q -f qcow2 src.qcow2 128M
+  qemu-io -c 'write -P 0x5a 0 24M' -c 'write -P 0x6b 100M 4M' src.qcow2 > /dev/null
+  start_serve "$BIN" pid --socket "$PWD/nbd.sock" --control "$PWD/ctl.sock" \
+    --export "name=disk,file=src.qcow2,format=qcow2"
+  pid=$SERVE_PID
+
+  # Ids: a letter, then letters, digits, '-', '.', '_'.
+  for id in "" "1job" "a b" "é"; do
+    out=$(ctl mirror-start export=disk target="$PWD/bad.qcow2" id="$id" 2>&1) &&
+      fail "job id '$id' accepted"
+    echo "$out" | grep -q "Invalid job ID" || fail "job id '$id': $out"
+  done
+  [ -e bad.qcow2 ] && fail "a refused job made its target"
+
+  ctl mirror-start export=disk target="$PWD/dst.qcow2" id=m.1_a-b > /dev/null || fail "mirror-start"
+  wait_ready
+  # Paused: complete is refused, and a waiter cannot be left hanging.
+  ctl job-pause id=m.1_a-b > /dev/null || fail "job-pause"
+  out=$(timeout 20 "$BIN" ctl ctl.sock job-complete id=m.1_a-b wait=true 2>&1) && fail "job-complete on a paused job accepted"
+  echo "$out" | grep -q "cannot accept command verb 'complete'" || fail "complete while paused: $out"
+  ctl job-resume id=m.1_a-b > /dev/null || fail "job-resume"
+  wait_ready
+  # "ready": killed right now, the target is the source.
+  kill -KILL "$pid"
+  wait "$pid" 2>/dev/null
+  qemu-img check -q dst.qcow2 || fail "target after SIGKILL at ready: check"
+  qemu-img compare -q src.qcow2 dst.qcow2 || fail "target after SIGKILL at ready: not the source's copy"
+
+  # quit while a client waits for a job to complete: the daemon ends.
+  rm -f dst.qcow2 ctl.sock nbd.sock
+  start_serve "$BIN" pid --socket "$PWD/nbd.sock" --control "$PWD/ctl.sock" \
+    --export "name=disk,file=src.qcow2,format=qcow2"
+  pid=$SERVE_PID
+  ctl mirror-start export=disk target="$PWD/dst.qcow2" id=m > /dev/null || fail "mirror-start 2"
+  wait_ready
+  ctl job-complete id=m wait=true > waiter.out 2>&1 &
+  waiter=$!
+  ctl quit > /dev/null
+  for i in $(seq 200); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  kill -0 "$pid" 2>/dev/null && fail "quit with a job-complete waiter: the daemon did not end"
+  wait "$pid" || fail "serve exit status after quit"
+  wait "$waiter" 2>/dev/null
+  qemu-img check -q src.qcow2 || fail "source after quit: check"
+  qemu-img check -q dst.qcow2 || fail "target after quit: check"
+done
+echo "ok"
+exit 0
