@@ -183,6 +183,9 @@ QkBlock *coroutine_fn qk_co_file_open(const char *filename, int flags, QkError *
 /* Takes the image lock of a host-file node (file_lock.h's permissions);
  * nothing for other protocols. Released when the node closes. */
 int qk_file_node_lock(QkBlock *bs, unsigned perm, unsigned shared, bool take_over, QkError *err);
+/* Whether the local file under BS (a format node's, or BS itself) has
+ * lost its last name: what is written to it goes when it is closed. */
+bool qk_block_file_deleted(QkBlock *bs);
 
 /* In-flight accounting for work that is not a request (e.g. VM-state
  * writes) but must hold off drain and close. */

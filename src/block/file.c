@@ -68,6 +68,19 @@ int qk_file_node_lock(QkBlock *bs, unsigned perm, unsigned shared, bool take_ove
     return qk_file_lock_acquire(s->fd, bs->filename, perm, shared, take_over, &s->lock, err);
 }
 
+bool qk_block_file_deleted(QkBlock *bs)
+{
+    while (bs && bs->drv != &qk_drv_file) {
+        bs = bs->file;
+    }
+    struct stat st;
+    if (!bs) {
+        return false; /* no local file: an export's or an RBD image's */
+    }
+    FileState *s = bs->opaque;
+    return fstat(s->fd, &st) == 0 && st.st_nlink == 0;
+}
+
 /* fdatasync, logged as a flush when the write log is on. */
 static int coroutine_fn file_sync(FileState *s, int log_flags)
 {

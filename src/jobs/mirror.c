@@ -845,6 +845,12 @@ int qk_mirror_complete(QkJob *job, bool do_switch, QkError *err)
     if (!qk_job_is_mirror(job)) {
         return qk_error_set(err, -EINVAL, "Job '%s' is not a mirror job", job->id);
     }
+    if (do_switch && qk_block_file_deleted(((Mirror *)job)->target)) {
+        /* Every write after the switch would go where no one can read it
+         * again once the export closes. */
+        return qk_error_set(err, -ENOENT, "The target of job '%s' was deleted: the export stays on its source",
+                            job->id);
+    }
     int r = qk_job_complete(job, err);
     if (r == 0) {
         ((Mirror *)job)->do_switch = do_switch;

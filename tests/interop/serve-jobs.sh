@@ -4,6 +4,7 @@
 #    daemon SIGKILLed right then leaves a target equal to the source;
 #  - job-complete on a paused job is refused (QEMU's rule), and "quit"
 #    while a client waits in job-complete wait=true ends the daemon;
+#  - a switch onto a target deleted under the job is refused;
 #  - job ids must be QEMU-style identifiers.
 # Plain and ASan builds. Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/nbd-lib.bash"
@@ -49,6 +50,21 @@ for BIN in "$QK_PLAIN" "$QK_ASAN"; do
   wait "$pid" 2>/dev/null
   qemu-img check -q dst.qcow2 || fail "target after SIGKILL at ready: check"
   qemu-img compare -q src.qcow2 dst.qcow2 || fail "target after SIGKILL at ready: not the source's copy"
+
+  # A target deleted under the job: no switch onto a file with no name.
+  rm -f dst2.qcow2 ctl.sock nbd.sock
+  start_serve "$BIN" pid --socket "$PWD/nbd.sock" --control "$PWD/ctl.sock" \
+    --export "name=disk,file=src.qcow2,format=qcow2"
+  pid=$SERVE_PID
+  ctl mirror-start export=disk target="$PWD/dst2.qcow2" id=gone > /dev/null || fail "mirror-start gone"
+  wait_ready
+  rm dst2.qcow2
+  out=$(timeout 20 "$BIN" ctl ctl.sock job-complete id=gone switch=true wait=true 2>&1) &&
+    fail "switch onto a deleted target accepted"
+  echo "$out" | grep -q "was deleted" || fail "switch onto a deleted target: $out"
+  ctl job-cancel id=gone wait=true > /dev/null || fail "job-cancel gone"
+  stop_serve "$pid"
+  qemu-img check -q src.qcow2 || fail "source after a deleted target: check"
 
   # quit while a client waits for a job to complete: the daemon ends.
   rm -f dst.qcow2 ctl.sock nbd.sock
