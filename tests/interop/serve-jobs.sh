@@ -21,13 +21,19 @@ wait_ready() {
   fail "job never became ready"
 }
 
-for BIN in "$QK_PLAIN" "$QK_ASAN"; do
-  rm -f src.qcow2 dst.qcow2 ctl.sock nbd.sock
-  qemu-img create -q -f qcow2 src.qcow2 128M
-  qemu-io -c 'write -P 0x5a 0 24M' -c 'write -P 0x6b 100M 4M' src.qcow2 > /dev/null
+# serve_src: a fresh daemon exporting src.qcow2 as "disk"; sets pid.
+serve_src() {
+  rm -f ctl.sock nbd.sock
   start_serve "$BIN" pid --socket "$PWD/nbd.sock" --control "$PWD/ctl.sock" \
     --export "name=disk,file=src.qcow2,format=qcow2"
   pid=$SERVE_PID
+}
+
+for BIN in "$QK_PLAIN" "$QK_ASAN"; do
+  rm -f src.qcow2 dst.qcow2 dst2.qcow2
+  qemu-img create -q -f qcow2 src.qcow2 128M
+  qemu-io -c 'write -P 0x5a 0 24M' -c 'write -P 0x6b 100M 4M' src.qcow2 > /dev/null
+  serve_src
 
   # Ids: a letter, then letters, digits, '-', '.', '_'.
   for id in "" "1job" "a b" "é"; do
@@ -52,10 +58,7 @@ for BIN in "$QK_PLAIN" "$QK_ASAN"; do
   qemu-img compare -q src.qcow2 dst.qcow2 || fail "target after SIGKILL at ready: not the source's copy"
 
   # A target deleted under the job: no switch onto a file with no name.
-  rm -f dst2.qcow2 ctl.sock nbd.sock
-  start_serve "$BIN" pid --socket "$PWD/nbd.sock" --control "$PWD/ctl.sock" \
-    --export "name=disk,file=src.qcow2,format=qcow2"
-  pid=$SERVE_PID
+  serve_src
   ctl mirror-start export=disk target="$PWD/dst2.qcow2" id=gone > /dev/null || fail "mirror-start gone"
   wait_ready
   rm dst2.qcow2
@@ -67,10 +70,8 @@ for BIN in "$QK_PLAIN" "$QK_ASAN"; do
   qemu-img check -q src.qcow2 || fail "source after a deleted target: check"
 
   # quit while a client waits for a job to complete: the daemon ends.
-  rm -f dst.qcow2 ctl.sock nbd.sock
-  start_serve "$BIN" pid --socket "$PWD/nbd.sock" --control "$PWD/ctl.sock" \
-    --export "name=disk,file=src.qcow2,format=qcow2"
-  pid=$SERVE_PID
+  rm -f dst.qcow2
+  serve_src
   ctl mirror-start export=disk target="$PWD/dst.qcow2" id=m > /dev/null || fail "mirror-start 2"
   wait_ready
   ctl job-complete id=m wait=true > waiter.out 2>&1 &
