@@ -646,7 +646,7 @@ static int coroutine_fn mirror_run(QkJob *job, QkError *err)
              * stable before the job says so. */
             r = qk_co_flush(m->target);
             if (r < 0) {
-                qk_error_set_errno(err, r, "Could not flush the mirror target");
+                qk_error_set_errno(err, r, "Could not flush target '%s'", m->target->filename);
                 break;
             }
             qk_job_set_ready(job);
