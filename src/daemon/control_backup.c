@@ -92,7 +92,8 @@ static json_t *coroutine_fn cmd_backup_start(QkDaemon *d, json_t *args, QkError 
 }
 
 /* A point-in-time export of a live export: a sync=none backup job into a
- * temporary qcow2 image (file, or a new file under $TMPDIR or /var/tmp)
+ * temporary qcow2 image (file, or a new file under $TMPDIR or /var/tmp,
+ * unlinked once open)
  * that holds the old contents of what the guest overwrites, and a
  * read-only export `name` of the job's view, with the bitmap as of the
  * start as its qemu:dirty-bitmap context. job-complete ends it (the bitmap
@@ -163,6 +164,11 @@ static json_t *coroutine_fn cmd_backup_export_start(QkDaemon *d, json_t *args, Q
         unlink(temp);
         free(temp);
         return NULL;
+    }
+    if (!file) {
+        /* A name of our own making, needed only to open it: gone now, the
+         * view lives on the open node, and a killed daemon leaves no file. */
+        unlink(temp);
     }
     json_t *ret = qk_control_job_attach(c, qk_backup_start(id, c->source, c->target, &o, err));
     if (!ret) {

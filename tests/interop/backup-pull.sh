@@ -10,8 +10,9 @@
 #   - the view's bitmap context shows the writes made before its start,
 #     never those made while it was read; job-complete leaves the live
 #     bitmap with only the writes made since the start;
-#   - job-complete and job-cancel remove the view export and its temporary
-#     image; job-cancel gives the bitmap back what it had; export-del of
+#   - the temporary image's name is gone as soon as it is open (a killed
+#     daemon leaves no file); job-complete and job-cancel remove the view
+#     export; job-cancel gives the bitmap back what it had; export-del of
 #     a view in use and a view named like an existing export are refused;
 #   - every guest write is on the live export; qemu-img check clean.
 # Plain and ASan builds.
@@ -63,7 +64,11 @@ run() { # binary
     nbdcopy "$live" "at$n.raw" || fail "$build: nbdcopy"
     ctl backup-export-start export=disk name=view bitmap=b id=v > /dev/null || fail "$build: backup-export-start $n"
     wait_ready
-    ls tmp/qcowkit-view-* > /dev/null 2>&1 || fail "$build: no temporary image under TMPDIR"
+    # The temporary image lives under TMPDIR, its name already removed
+    # (held open only: a killed daemon leaves nothing behind).
+    ls -l "/proc/$pid/fd" | grep -q "$PWD/tmp/qcowkit-view-.* (deleted)" ||
+      fail "$build: no unlinked temporary image under TMPDIR"
+    ls tmp/qcowkit-view-* > /dev/null 2>&1 && fail "$build: the temporary image still has a name"
     [ "$(dirty_bytes "$view")" -eq "$before" ] || fail "$build: view $n's bitmap context is not the bitmap at its start"
     nbd_writer "$live" $((100 + n)) 40 "w$n.log" &
     local wpid=$!
