@@ -7,10 +7,8 @@
  */
 #include "qcow2/qcow2_int.h"
 
-#include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 int coroutine_fn qcow2_preallocate(Qcow2State *s, uint64_t from, uint64_t to, QkPrealloc mode, QkError *err)
 {
@@ -148,30 +146,6 @@ static int coroutine_fn backing_size(const char *filename, const QkCreateOptions
     return 0;
 }
 
-/* Whether paths A and B name one file, existing or still to be made (the
- * same name in the same directory, however spelt). */
-static bool same_file(const char *a, const char *b)
-{
-    struct stat sa, sb;
-    bool ea = stat(a, &sa) == 0, eb = stat(b, &sb) == 0;
-    if (ea || eb) {
-        return ea && eb && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-    }
-    char *da = strdup(a), *db = strdup(b), *ba = strdup(a), *bb = strdup(b);
-    bool same = false;
-    if (da && db && ba && bb && strcmp(basename(ba), basename(bb)) == 0) {
-        char *ra = realpath(dirname(da), NULL), *rb = realpath(dirname(db), NULL);
-        same = ra && rb && strcmp(ra, rb) == 0;
-        free(ra);
-        free(rb);
-    }
-    free(da);
-    free(db);
-    free(ba);
-    free(bb);
-    return same;
-}
-
 int coroutine_fn qcow2_co_create(const char *filename, const QkCreateOptions *o, QkError *err)
 {
     int version = o->compat ? o->compat : 3;
@@ -236,7 +210,7 @@ int coroutine_fn qcow2_co_create(const char *filename, const QkCreateOptions *o,
         qcow2_rb_set(&tmp, buf + 2 * cs, (uint64_t)i, 1);
     }
     QkCreateOptions fo = {.size = 0};
-    if (o->data_file && same_file(filename, o->data_file)) {
+    if (o->data_file && qcow2_same_file(filename, o->data_file)) {
         free(buf);
         return qk_error_set(err, -EINVAL, "the external data file '%s' is the image file itself", o->data_file);
     }

@@ -13,9 +13,34 @@
 #include "block/block.h"
 #include "block/file_lock.h"
 
+#include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+
+/* Whether paths A and B name one file, existing or still to be made (the
+ * same name in the same directory, however spelt). */
+bool qcow2_same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    bool ea = stat(a, &sa) == 0, eb = stat(b, &sb) == 0;
+    if (ea || eb) {
+        return ea && eb && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    }
+    char *da = strdup(a), *db = strdup(b), *ba = strdup(a), *bb = strdup(b);
+    bool same = false;
+    if (da && db && ba && bb && strcmp(basename(ba), basename(bb)) == 0) {
+        char *ra = realpath(dirname(da), NULL), *rb = realpath(dirname(db), NULL);
+        same = ra && rb && strcmp(ra, rb) == 0;
+        free(ra);
+        free(rb);
+    }
+    free(da);
+    free(db);
+    free(ba);
+    free(bb);
+    return same;
+}
 
 int coroutine_fn qcow2_data_file_open(Qcow2State *s, const QkOpenOptions *opts, QkError *err)
 {
@@ -55,9 +80,7 @@ int coroutine_fn qcow2_data_file_open(Qcow2State *s, const QkOpenOptions *opts, 
         /* The spec forbids them: a snapshot's clusters could not be kept apart. */
         return qk_error_corrupt(err, "an image with an external data file cannot have internal snapshots");
     }
-    struct stat ist, dst;
-    if (stat(s->bs->file->filename, &ist) == 0 && stat(s->data_file_name, &dst) == 0 &&
-        ist.st_dev == dst.st_dev && ist.st_ino == dst.st_ino) {
+    if (qcow2_same_file(s->bs->file->filename, s->data_file_name)) {
         /* Guest data would land on the tables; the overlap check does not
          * look at data-file writes, so refuse it here. */
         return qk_error_set(err, -EINVAL, "the external data file '%s' is the image file itself",

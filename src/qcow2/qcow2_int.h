@@ -300,6 +300,9 @@ static inline bool qcow2_has_data_file(const Qcow2State *s)
  * own flags; flushes it (before the metadata that points into it);
  * closes it. */
 int coroutine_fn qcow2_data_file_open(Qcow2State *s, const QkOpenOptions *opts, QkError *err);
+/* Whether paths A and B name one file, existing or still to be made: a
+ * data file must never be the image itself. */
+bool qcow2_same_file(const char *a, const char *b);
 int coroutine_fn qcow2_data_file_flush(Qcow2State *s);
 int coroutine_fn qcow2_data_file_close(Qcow2State *s);
 /* amend: names another data file (NULL keeps the name, "" drops it, as
