@@ -15,8 +15,7 @@
 #include <string.h>
 
 struct QkVmStateStream {
-    QkImage *img;
-    QkBlock *bs;
+    QkImage *img;               /* its node: qk_image_node(img) */
     QkVmStateWriter *w;
     QkVmStateReader *r;
     uint64_t pos;
@@ -57,7 +56,7 @@ static void fill_opts(QkBlock *bs, const QkVmStateParams *p, QkVmStateOptions *o
 static void coroutine_fn discard_entry(void *opaque)
 {
     Call *c = opaque;
-    c->ret = qk_co_vmstate_discard(c->s->bs, &c->err);
+    c->ret = qk_co_vmstate_discard(qk_image_node(c->s->img), &c->err);
 }
 
 /* A stream on an image whose format keeps snapshots, or NULL with a message. */
@@ -83,7 +82,6 @@ static QkVmStateStream *stream_new(QkImage *img, char *errbuf, size_t errlen)
         return NULL;
     }
     s->img = img;
-    s->bs = bs;
     return s;
 }
 
@@ -103,7 +101,7 @@ QkVmStateStream *qk_image_vmstate_writer_open(QkImage *img, const QkVmStateParam
     if (!s) {
         return NULL;
     }
-    QkBlock *bs = s->bs;
+    QkBlock *bs = qk_image_node(s->img);
     /* State left by an applied snapshot or a failed save must not leak
      * into this one. */
     Call c = {.s = s};
@@ -152,10 +150,10 @@ static void coroutine_fn close_entry(void *opaque)
         qk_error_set_errno(&c->err, r, "Could not save the VM state");
     } else if (c->name) {
         QkSnapshotInfo info = {.name = (char *)c->name, .vm_state_size = s->pos, .icount = -1};
-        r = qk_co_snapshot_create(s->bs, &info, &c->err);
+        r = qk_co_snapshot_create(qk_image_node(s->img), &info, &c->err);
     }
     QkError e2 = {0};
-    int dr = qk_co_vmstate_discard(s->bs, &e2);
+    int dr = qk_co_vmstate_discard(qk_image_node(s->img), &e2);
     if (r == 0 && dr < 0) {
         r = dr;
         c->err = e2;
@@ -187,7 +185,7 @@ uint64_t qk_image_vmstate_peak_memory(const QkVmStateStream *s)
 static void coroutine_fn goto_entry(void *opaque)
 {
     Call *c = opaque;
-    c->ret = qk_co_snapshot_goto(c->s->bs, c->name, &c->s->size, &c->err);
+    c->ret = qk_co_snapshot_goto(qk_image_node(c->s->img), c->name, &c->s->size, &c->err);
 }
 
 QkVmStateStream *qk_image_vmstate_reader_open(QkImage *img, const char *snapshot,
@@ -203,7 +201,7 @@ QkVmStateStream *qk_image_vmstate_reader_open(QkImage *img, const char *snapshot
     if (!s) {
         return NULL;
     }
-    QkBlock *bs = s->bs;
+    QkBlock *bs = qk_image_node(s->img);
     Call c = {.s = s, .name = snapshot};
     qk_co_run(goto_entry, &c);
     QkVmStateOptions o;
@@ -242,7 +240,7 @@ static void coroutine_fn reader_close_entry(void *opaque)
 {
     Call *c = opaque;
     qk_vmstate_reader_close(c->s->r);
-    c->ret = qk_co_vmstate_discard(c->s->bs, &c->err);
+    c->ret = qk_co_vmstate_discard(qk_image_node(c->s->img), &c->err);
 }
 
 void qk_image_vmstate_reader_close(QkVmStateStream *r)
