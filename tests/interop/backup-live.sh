@@ -21,7 +21,6 @@
 . "$SRC_DIR/tests/interop/nbd-lib.bash"
 
 ctl() { "$BIN" ctl ctl.sock "$@"; }
-job_field() { ctl query-jobs | sed -n "s/.*\"$1\": \"\{0,1\}\([^\",]*\)\"\{0,1\},\{0,1\}$/\1/p" | head -n 1; }
 bm_count() { ctl block-dirty-bitmap-query export=disk | tr -d ' \n' | sed -n 's/.*"count":\([0-9]*\).*/\1/p'; }
 
 wait_done() { # NAME: the job's final state must be completed
@@ -38,15 +37,7 @@ wait_done() { # NAME: the job's final state must be completed
   fail "$1: the job did not end"
 }
 
-wait_running() {
-  local i
-  for i in $(seq 100); do
-    [ "$(job_field status)" = running ] && return 0
-    sleep 0.05
-  done
-  ctl query-jobs
-  fail "the job never ran"
-}
+wait_running() { job_wait_status running 100 "the job never ran"; }
 
 # A live full backup, then an increment, both under the writer.
 chain_case() { # binary

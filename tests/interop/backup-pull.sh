@@ -23,17 +23,8 @@ $PY -c 'import nbd' 2>/dev/null || { echo "FAIL: python3-libnbd is missing (scri
 command -v nbdinfo >/dev/null || { echo "FAIL: nbdinfo is missing"; exit 1; }
 
 ctl() { "$BIN" ctl ctl.sock "$@"; }
-job_field() { ctl query-jobs | sed -n "s/.*\"$1\": \"\{0,1\}\([^\",]*\)\"\{0,1\},\{0,1\}$/\1/p" | head -n 1; }
 bm_count() { ctl block-dirty-bitmap-query export=disk | tr -d ' \n' | sed -n 's/.*"export":"disk","name":"b","granularity":[0-9]*,"count":\([0-9]*\).*/\1/p'; }
-wait_ready() {
-  local i
-  for i in $(seq 100); do
-    [ "$(job_field status)" = ready ] && return 0
-    sleep 0.05
-  done
-  ctl query-jobs
-  fail "the view's job is not ready"
-}
+wait_ready() { job_wait_status ready 100 "the view's job is not ready"; }
 dirty_bytes() { # URI: bytes the bitmap context marks dirty
   nbdinfo --map=qemu:dirty-bitmap:b "$1" | awk '$3 == 1 {s += $2} END {print s + 0}'
 }

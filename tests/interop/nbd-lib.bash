@@ -18,6 +18,20 @@ trap nbd_cleanup EXIT
 
 fail() { echo "FAIL: $*"; exit 1; }
 
+# job_field NAME: the first job's field NAME from query-jobs (through the
+# caller's ctl). job_wait_status STATUS TRIES WHAT: polls it every 50 ms
+# until the status is STATUS; otherwise prints the jobs and fails with WHAT.
+job_field() { ctl query-jobs | sed -n "s/.*\"$1\": \"\{0,1\}\([^\",]*\)\"\{0,1\},\{0,1\}$/\1/p" | head -n 1; }
+job_wait_status() {
+  local i
+  for i in $(seq "$2"); do
+    [ "$(job_field status)" = "$1" ] && return 0
+    sleep 0.05
+  done
+  ctl query-jobs
+  fail "$3"
+}
+
 # start_serve BINARY PIDFILE SERVE-ARGS...: sets SERVE_PID.
 start_serve() {
   local bin=$1 pf=$2

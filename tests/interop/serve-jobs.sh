@@ -10,16 +10,7 @@
 . "$SRC_DIR/tests/interop/nbd-lib.bash"
 
 ctl() { "$BIN" ctl ctl.sock "$@"; }
-job_field() { ctl query-jobs | sed -n "s/.*\"$1\": \"\{0,1\}\([^\",]*\)\"\{0,1\},\{0,1\}$/\1/p" | head -n 1; }
-wait_ready() {
-  local i
-  for i in $(seq 600); do
-    [ "$(job_field status)" = ready ] && return 0
-    sleep 0.05
-  done
-  ctl query-jobs
-  fail "job never became ready"
-}
+wait_ready() { job_wait_status ready 600 "job never became ready"; }
 
 # serve_src: a fresh daemon exporting src.qcow2 as "disk"; sets pid.
 serve_src() {
