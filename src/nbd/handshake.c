@@ -62,6 +62,19 @@ static void free_names(char **names, unsigned n)
     free(names);
 }
 
+/* proto.md: contexts set for another export than the one the client
+ * settles on are dropped (GO and EXPORT_NAME alike). */
+static void keep_contexts_of(QkNbdClient *c, const char *name, uint32_t len)
+{
+    if (c->meta_export && strlen(c->meta_export) == len && memcmp(c->meta_export, name, len) == 0) {
+        return;
+    }
+    c->base_alloc = c->alloc_depth = false;
+    free_names(c->bitmaps, c->nbitmaps);
+    c->bitmaps = NULL;
+    c->nbitmaps = 0;
+}
+
 static int coroutine_fn opt_info(QkNbdClient *c, uint32_t opt, const uint8_t *data, uint32_t len)
 {
     QkNbdInfoRequest rq;
@@ -74,18 +87,11 @@ static int coroutine_fn opt_info(QkNbdClient *c, uint32_t opt, const uint8_t *da
     }
     /* Copy what we send: the export may go away while we are yielding. */
     uint64_t size = (uint64_t)qk_block_length(exp->bs);
-    uint16_t flags = qk_nbd_export_flags(exp);
+    uint16_t flags = qk_nbd_export_flags(exp, c->structured);
     char *desc = exp->description ? strdup(exp->description) : NULL;
     if (opt == NBD_OPT_GO) {
         attach(c, exp);
-        if (!c->meta_export || strlen(c->meta_export) != rq.name_len ||
-            memcmp(c->meta_export, rq.name, rq.name_len) != 0) {
-            /* proto.md: contexts set for another export are dropped. */
-            c->base_alloc = c->alloc_depth = false;
-            free_names(c->bitmaps, c->nbitmaps);
-            c->bitmaps = NULL;
-            c->nbitmaps = 0;
-        }
+        keep_contexts_of(c, rq.name, rq.name_len);
     }
     bool want_name = false, want_desc = false;
     for (uint16_t i = 0; i < rq.ninfos; i++) {
@@ -131,8 +137,9 @@ static int coroutine_fn opt_export_name(QkNbdClient *c, const uint8_t *data, uin
     }
     uint8_t buf[8 + 2 + 124] = {0};
     qk_be64_put(buf, (uint64_t)qk_block_length(exp->bs));
-    qk_be16_put(buf + 8, qk_nbd_export_flags(exp));
+    qk_be16_put(buf + 8, qk_nbd_export_flags(exp, c->structured));
     attach(c, exp);
+    keep_contexts_of(c, (const char *)data, len);
     int r = qk_co_sock_write(c->fd, buf, c->no_zeroes ? 10 : sizeof(buf));
     return r < 0 ? r : 1;
 }
@@ -220,7 +227,7 @@ static void meta_query(void *opaque, const char *q, uint32_t qlen)
 {
     MetaMatch *m = opaque;
     static const char qemu[] = "qemu:", dirty[] = QK_NBD_META_DIRTY_BITMAP;
-    if (qk_nbd_query_matches_base_allocation(q, qlen)) {
+    if (qk_nbd_query_matches_base_allocation(q, qlen, m->list)) {
         m->base_alloc = true;
     } else if (qlen == sizeof(qemu) - 1 && memcmp(q, qemu, qlen) == 0) {
         m->all_bitmaps |= m->list; /* a bare namespace lists, never selects */
@@ -407,6 +414,8 @@ int coroutine_fn qk_nbd_handshake(QkNbdClient *c)
         case NBD_OPT_STRUCTURED_REPLY:
             if (len != 0) {
                 r = opt_error(c, opt, NBD_REP_ERR_INVALID, "NBD_OPT_STRUCTURED_REPLY takes no data");
+            } else if (c->structured) {
+                r = opt_error(c, opt, NBD_REP_ERR_INVALID, "structured replies already negotiated");
             } else {
                 c->structured = true;
                 r = opt_reply(c, opt, NBD_REP_ACK, NULL, 0);

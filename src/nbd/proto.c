@@ -121,11 +121,11 @@ int qk_nbd_parse_meta_request(const uint8_t *data, uint32_t len, QkNbdMetaReques
     return pos == len ? 0 : -EINVAL;
 }
 
-int qk_nbd_query_matches_base_allocation(const char *q, uint32_t qlen)
+int qk_nbd_query_matches_base_allocation(const char *q, uint32_t qlen, bool list)
 {
     static const char full[] = QK_NBD_META_BASE_ALLOCATION;
     if (qlen == 5 && memcmp(q, "base:", 5) == 0) {
-        return 1;
+        return list;
     }
     return qlen == sizeof(full) - 1 && memcmp(q, full, qlen) == 0;
 }

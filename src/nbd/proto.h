@@ -8,6 +8,7 @@
 #ifndef QK_NBD_PROTO_H
 #define QK_NBD_PROTO_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -167,8 +168,9 @@ typedef struct QkNbdMetaRequest {
 int qk_nbd_parse_meta_request(const uint8_t *data, uint32_t len, QkNbdMetaRequest *out,
                               void (*query)(void *opaque, const char *q, uint32_t qlen),
                               void *opaque);
-/* True when a meta context query selects base:allocation ("base:" or
- * "base:allocation"); LIST with no query at all also does. */
-int qk_nbd_query_matches_base_allocation(const char *q, uint32_t qlen);
+/* True when a meta context query names base:allocation: "base:allocation",
+ * or, for LIST only (list true), the bare namespace "base:", which SET must
+ * ignore (proto.md). LIST with no query at all also lists it. */
+int qk_nbd_query_matches_base_allocation(const char *q, uint32_t qlen, bool list);
 
 #endif

@@ -36,12 +36,15 @@ QkNbdServer *qk_nbd_server_new(const QkNbdServerOptions *opts)
     return srv;
 }
 
-uint16_t qk_nbd_export_flags(const QkNbdExport *exp)
+uint16_t qk_nbd_export_flags(const QkNbdExport *exp, bool structured)
 {
     /* One process and one cache serve every connection, so a flush on
      * any connection covers writes made on all of them: multi-conn is safe. */
     uint16_t f = NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_FLUSH | NBD_FLAG_SEND_FUA |
-                 NBD_FLAG_SEND_DF | NBD_FLAG_SEND_CACHE | NBD_FLAG_CAN_MULTI_CONN;
+                 NBD_FLAG_SEND_CACHE | NBD_FLAG_CAN_MULTI_CONN;
+    if (structured) {
+        f |= NBD_FLAG_SEND_DF; /* proto.md: only where DF can be honoured */
+    }
     if (exp->readonly) {
         f |= NBD_FLAG_READ_ONLY;
     } else {

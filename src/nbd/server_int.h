@@ -53,7 +53,7 @@ struct QkNbdServer {
 };
 
 /* Transmission flags for an export. */
-uint16_t qk_nbd_export_flags(const QkNbdExport *exp);
+uint16_t qk_nbd_export_flags(const QkNbdExport *exp, bool structured);
 /* Finds an export by name; "" names the first export (the default). */
 QkNbdExport *qk_nbd_lookup(QkNbdServer *srv, const char *name, size_t len);
 

@@ -94,17 +94,19 @@ static bool is_write_type(uint16_t type)
 /* Checks a request against the export; 0 or the -errno to reply with. */
 static int validate(QkNbdClient *c, const QkNbdRequest *r)
 {
-    uint16_t allowed;
+    /* proto.md: once NBD_FLAG_SEND_FUA is advertised (always, here) FUA
+     * must be accepted on every command, if only by ignoring it, since
+     * existing clients set it on reads and flushes too. */
+    uint16_t allowed = NBD_CMD_FLAG_FUA;
     switch (r->type) {
-    case NBD_CMD_READ: allowed = NBD_CMD_FLAG_DF; break;
-    case NBD_CMD_WRITE: allowed = NBD_CMD_FLAG_FUA; break;
-    case NBD_CMD_FLUSH: allowed = 0; break;
-    case NBD_CMD_TRIM: allowed = NBD_CMD_FLAG_FUA; break;
-    case NBD_CMD_CACHE: allowed = 0; break;
-    case NBD_CMD_WRITE_ZEROES:
-        allowed = NBD_CMD_FLAG_FUA | NBD_CMD_FLAG_NO_HOLE | NBD_CMD_FLAG_FAST_ZERO;
+    case NBD_CMD_READ: allowed |= c->structured ? NBD_CMD_FLAG_DF : 0; break;
+    case NBD_CMD_WRITE:
+    case NBD_CMD_FLUSH:
+    case NBD_CMD_TRIM:
+    case NBD_CMD_CACHE:
         break;
-    case NBD_CMD_BLOCK_STATUS: allowed = NBD_CMD_FLAG_REQ_ONE; break;
+    case NBD_CMD_WRITE_ZEROES: allowed |= NBD_CMD_FLAG_NO_HOLE | NBD_CMD_FLAG_FAST_ZERO; break;
+    case NBD_CMD_BLOCK_STATUS: allowed |= NBD_CMD_FLAG_REQ_ONE; break;
     default:
         return -EINVAL;
     }
@@ -383,7 +385,7 @@ static void coroutine_fn handle(Req *q)
         send_error(c, r, ret);
         return;
     }
-    bool fua = (r->flags & NBD_CMD_FLAG_FUA) != 0;
+    bool fua = (r->flags & NBD_CMD_FLAG_FUA) && is_write_type(r->type);
     switch (r->type) {
     case NBD_CMD_READ:
         do_read(q, bs);

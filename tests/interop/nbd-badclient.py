@@ -15,7 +15,8 @@ REQ = 0x25609513
 SIMPLE = 0x67446698
 STRUCT = 0x668E33EF
 OPT_EXPORT_NAME, OPT_ABORT, OPT_LIST, OPT_INFO, OPT_GO, OPT_SR = 1, 2, 3, 6, 7, 8
-OPT_SET_META = 10
+OPT_LIST_META, OPT_SET_META = 9, 10
+DF_FLAG = 1 << 7
 REP_ACK, REP_INFO, REP_META = 1, 3, 4
 ERR_UNSUP, ERR_INVALID, ERR_UNKNOWN, ERR_TOO_BIG = 2**31 + 1, 2**31 + 3, 2**31 + 6, 2**31 + 9
 CMD_READ, CMD_WRITE, CMD_DISC, CMD_FLUSH, CMD_TRIM, CMD_CACHE, CMD_ZERO, CMD_BS = range(8)
@@ -76,21 +77,29 @@ class Conn:
             if typ != REP_INFO and typ != REP_META and typ != 2:
                 return out
 
+    def meta(self, export, query, opt=OPT_SET_META):
+        """SET (or LIST) one meta context query for export (bytes); the replies."""
+        self.opt(opt, struct.pack(">I", len(export)) + export + struct.pack(">II", 1, len(query)) + query)
+        return self.replies_until_final()
+
+    def structured_replies(self):
+        self.opt(OPT_SR)
+        assert self.reply()[1] == REP_ACK
+
     def go(self, name, structured=True, meta=True):
         if structured:
-            self.opt(OPT_SR)
-            assert self.reply()[1] == REP_ACK
+            self.structured_replies()
         if meta:
-            q = b"base:allocation"
-            n = name.encode()
-            self.opt(OPT_SET_META, struct.pack(">I", len(n)) + n + struct.pack(">II", 1, len(q)) + q)
-            r = self.replies_until_final()
+            r = self.meta(name.encode(), b"base:allocation")
             assert r[-1][0] == REP_ACK, r
         n = name.encode()
         self.opt(OPT_GO, struct.pack(">I", len(n)) + n + struct.pack(">H", 0))
         r = self.replies_until_final()
         assert r[-1][0] == REP_ACK, r
         self.structured = structured
+        # NBD_INFO_EXPORT: size, then the transmission flags.
+        info = [d for t, d in r if t == REP_INFO and d[:2] == b"\0\0"]
+        self.tflags = struct.unpack(">H", info[0][10:12])[0] if info else None
 
     def request(self, typ, off, length, flags=0, payload=None, send_len=None):
         self.cookie += 1
@@ -157,12 +166,18 @@ def main():
     check(c.reply()[1] == ERR_INVALID, "NBD_OPT_INFO with a lying name length -> ERR_INVALID")
     c.opt(OPT_SET_META, struct.pack(">I", 0) + struct.pack(">I", 0))
     check(c.reply()[1] == ERR_INVALID, "SET_META_CONTEXT before structured replies -> ERR_INVALID")
+    c.opt(OPT_SR)
+    check(c.reply()[1] == REP_ACK, "NBD_OPT_STRUCTURED_REPLY -> ACK")
+    c.opt(OPT_SR)
+    check(c.reply()[1] == ERR_INVALID, "a second NBD_OPT_STRUCTURED_REPLY -> ERR_INVALID")
     c.opt(OPT_GO, struct.pack(">I", 4) + b"nope" + struct.pack(">H", 0))
     check(c.reply()[1] == ERR_UNKNOWN, "NBD_OPT_GO for a missing export -> ERR_UNKNOWN")
     c.opt(OPT_INFO, b"\0" * 100, length=100000)
     c.s.sendall(b"\0" * (100000 - 100))
     check(c.reply()[1] == ERR_TOO_BIG, "a 100 kB option -> ERR_TOO_BIG")
-    c.go("rw")
+    c.go("rw", structured=False)
+    c.structured = True
+    check(c.tflags is not None and c.tflags & DF_FLAG, "NBD_FLAG_SEND_DF offered with structured replies")
     cookie = c.request(CMD_READ, 0, 4096)
     ck, err, data = c.answer()
     check(ck == cookie and err == 0 and len(data) == 4096, "read after option errors works")
@@ -188,8 +203,20 @@ def main():
     check(c.answer()[1] == EINVAL, "trim past the end -> EINVAL (not a write)")
     c.request(77, 0, 4096)
     check(c.answer()[1] == EINVAL, "unknown command -> EINVAL")
+    # proto.md: with NBD_FLAG_SEND_FUA offered, FUA is accepted on every
+    # command (clients set it on reads and flushes too).
     c.request(CMD_READ, 0, 4096, flags=1)
-    check(c.answer()[1] == EINVAL, "read with the FUA flag -> EINVAL")
+    check(c.answer()[1] == 0, "read with the FUA flag is accepted")
+    c.request(CMD_FLUSH, 0, 0, flags=1)
+    check(c.answer()[1] == 0, "flush with the FUA flag is accepted")
+    c.request(CMD_CACHE, 0, 4096, flags=1)
+    check(c.answer()[1] == 0, "cache with the FUA flag is accepted")
+    c.request(CMD_BS, 0, 4096, flags=1)
+    check(c.answer()[1] == 0, "block status with the FUA flag is accepted")
+    c.request(CMD_READ, 0, 4096, flags=1 << 2)
+    check(c.answer()[1] == 0, "read with DF on a structured connection")
+    c.request(CMD_FLUSH, 0, 0, flags=1 << 2)
+    check(c.answer()[1] == EINVAL, "flush with DF -> EINVAL")
     c.request(CMD_WRITE, MiB, 4096, flags=1, payload=b"\x42" * 4096)
     check(c.answer()[1] == 0, "write with FUA")
     c.request(CMD_ZERO, 2 * MiB, MiB, flags=1 << 4)
@@ -225,16 +252,33 @@ def main():
     # Contexts set for one export are dropped by GO to another (proto.md).
     c = Conn(path)
     c.greet()
-    c.opt(OPT_SR)
-    assert c.reply()[1] == REP_ACK
-    q, n = b"base:allocation", b"rw"
-    c.opt(OPT_SET_META, struct.pack(">I", len(n)) + n + struct.pack(">II", 1, len(q)) + q)
-    assert c.replies_until_final()[-1][0] == REP_ACK
+    c.structured_replies()
+    assert c.meta(b"rw", b"base:allocation")[-1][0] == REP_ACK
     n = b"ro"
     c.opt(OPT_GO, struct.pack(">I", len(n)) + n + struct.pack(">H", 0))
     assert c.replies_until_final()[-1][0] == REP_ACK
     c.request(CMD_BS, 0, 4096)
     check(c.answer()[1] == EINVAL, "contexts set for another export are dropped at GO")
+
+    # ... and by NBD_OPT_EXPORT_NAME to another.
+    c = Conn(path)
+    c.greet()
+    c.structured_replies()
+    assert c.meta(b"rw", b"base:allocation")[-1][0] == REP_ACK
+    c.opt(OPT_EXPORT_NAME, b"ro")
+    c.recvn(10)  # size and flags (NO_ZEROES negotiated)
+    c.request(CMD_BS, 0, 4096)
+    check(c.answer()[1] == EINVAL, "contexts set for another export are dropped at EXPORT_NAME")
+
+    # SET_META_CONTEXT ignores the bare namespace "base:" (LIST lists it).
+    c = Conn(path)
+    c.greet()
+    c.structured_replies()
+    r = c.meta(b"rw", b"base:")
+    check([t for t, _ in r] == [REP_ACK], "SET_META_CONTEXT 'base:' selects nothing")
+    r = c.meta(b"rw", b"base:", OPT_LIST_META)
+    check([t for t, _ in r] == [REP_META, REP_ACK] and r[0][1][4:] == b"base:allocation",
+          "LIST_META_CONTEXT 'base:' lists base:allocation")
 
     # A client that pipelines 64 reads of 32 MiB and reads no reply: the
     # server buffers at most about two of them (byte budget per client).
@@ -255,6 +299,9 @@ def main():
     c = Conn(path)
     c.greet()
     c.go("rw", structured=False, meta=False)
+    check(c.tflags is not None and not c.tflags & DF_FLAG, "no NBD_FLAG_SEND_DF without structured replies")
+    c.request(CMD_READ, MiB, 4096, flags=1 << 2)
+    check(c.read_simple(4096)[1] == EINVAL, "read with DF on a simple-reply connection -> EINVAL")
     cookie = c.request(CMD_READ, MiB, 4096)
     ck, err, data = c.read_simple(4096)
     check(ck == cookie and err == 0 and data == b"\x42" * 4096, "simple reply carries read data")

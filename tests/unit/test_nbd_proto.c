@@ -105,9 +105,11 @@ int main(void)
     qk_be32_put(m + 12, 0xfffffff0u); /* query length wraps */
     QK_CHECK_EQ(qk_nbd_parse_meta_request(m, n, &mr, NULL, NULL), -EINVAL);
 
-    QK_CHECK(qk_nbd_query_matches_base_allocation("base:", 5));
-    QK_CHECK(qk_nbd_query_matches_base_allocation("base:allocation", 15));
-    QK_CHECK(!qk_nbd_query_matches_base_allocation("base:allocationX", 16));
-    QK_CHECK(!qk_nbd_query_matches_base_allocation("qemu:", 5));
+    QK_CHECK(qk_nbd_query_matches_base_allocation("base:", 5, true));
+    QK_CHECK(!qk_nbd_query_matches_base_allocation("base:", 5, false)); /* SET ignores the bare namespace */
+    QK_CHECK(qk_nbd_query_matches_base_allocation("base:allocation", 15, true));
+    QK_CHECK(qk_nbd_query_matches_base_allocation("base:allocation", 15, false));
+    QK_CHECK(!qk_nbd_query_matches_base_allocation("base:allocationX", 16, true));
+    QK_CHECK(!qk_nbd_query_matches_base_allocation("qemu:", 5, true));
     QK_TEST_DONE();
 }
