@@ -17,9 +17,13 @@ typedef struct QkNbdClient {
     bool base_alloc;            /* base:allocation selected */
     bool alloc_depth;           /* qemu:allocation-depth selected */
     /* qemu:dirty-bitmap:NAME contexts selected, context ids 2, 3, ...
-     * (names: the bitmap may be removed while the client is connected). */
+     * (names while haggling: a bitmap may go away before GO). */
     char **bitmaps;
     unsigned nbitmaps;
+    /* During transmission, the bitmaps those names found, each kept busy
+     * so that nobody clears, removes or replaces one under a client that
+     * reads it (NULL: gone before transmission began). */
+    struct QkDirtyBitmap **held;
     char *meta_export;          /* the export the contexts were set for */
     bool no_zeroes;
     bool closing;               /* stop reading requests, answer what is in flight */

@@ -293,20 +293,18 @@ static int coroutine_fn alloc_extents(QkBlock *bs, const QkNbdRequest *r, bool d
 }
 
 /* qemu:dirty-bitmap extents: dirty (1) or clean (0) runs of the bitmap.
- * -ENOENT when it was removed since the client chose it: "all clean"
- * would tell a backup client that nothing changed. */
-static int bitmap_extents(QkBlock *bs, const char *name, const QkNbdRequest *r, uint8_t *out, unsigned max,
-                          unsigned *n)
+ * -ENOENT when it was removed before the client began transmission:
+ * "all clean" would tell a backup client that nothing changed. */
+static int bitmap_extents(QkDirtyBitmap *bm, const QkNbdRequest *r, uint8_t *out, unsigned max, unsigned *n)
 {
-    QkDirtyBitmap *bm = qk_dirty_bitmap_find(bs, name);
     uint64_t pos = r->offset, end = r->offset + r->length;
     *n = 0;
     if (!bm) {
         return -ENOENT;
     }
     while (pos < end) {
-        bool dirty = bm && qk_dirty_bitmap_get(bm, pos);
-        uint64_t next = !bm ? UINT64_MAX : dirty ? qk_dirty_bitmap_next_clean(bm, pos) : qk_dirty_bitmap_next_dirty(bm, pos);
+        bool dirty = qk_dirty_bitmap_get(bm, pos);
+        uint64_t next = dirty ? qk_dirty_bitmap_next_clean(bm, pos) : qk_dirty_bitmap_next_dirty(bm, pos);
         uint64_t stop = next == UINT64_MAX || next > end ? end : next;
         if (stop <= pos) {
             stop = end;
@@ -343,7 +341,7 @@ static int coroutine_fn do_block_status(Req *q, QkBlock *bs)
         ret = send_status(c, r, k == 0 ? QK_NBD_CTX_BASE : QK_NBD_CTX_DEPTH, out, n, last);
     }
     for (unsigned i = 0; ret == 0 && i < c->nbitmaps; i++) {
-        int br = bitmap_extents(bs, c->bitmaps[i], r, out, max, &n);
+        int br = bitmap_extents(c->held ? c->held[i] : NULL, r, out, max, &n);
         if (br < 0) {
             /* Replies already sent for this request end with the error. */
             free(out);
@@ -455,9 +453,39 @@ static int coroutine_fn read_payload(QkNbdClient *c, Req *q)
     return qk_co_sock_read(c->rd, q->buf, q->r.length);
 }
 
+/* Pins the bitmaps behind the client's contexts for the connection's
+ * life, as an export's bitmaps are pinned in QEMU: clear, remove, enable,
+ * disable, merge into and backups refuse a busy bitmap. */
+static void hold_bitmaps(QkNbdClient *c)
+{
+    if (c->nbitmaps == 0) {
+        return;
+    }
+    c->held = calloc(c->nbitmaps, sizeof(*c->held));
+    for (unsigned i = 0; c->held && i < c->nbitmaps; i++) {
+        QkDirtyBitmap *bm = qk_dirty_bitmap_find(c->exp->bs, c->bitmaps[i]);
+        if (bm && !bm->inconsistent) {
+            bm->busy++;
+            c->held[i] = bm;
+        }
+    }
+}
+
+static void release_bitmaps(QkNbdClient *c)
+{
+    for (unsigned i = 0; c->held && i < c->nbitmaps; i++) {
+        if (c->held[i]) {
+            c->held[i]->busy--;
+        }
+    }
+    free(c->held);
+    c->held = NULL;
+}
+
 void coroutine_fn qk_nbd_transmit(QkNbdClient *c)
 {
     unsigned max = c->srv->max_in_flight;
+    hold_bitmaps(c);
     for (;;) {
         while (c->in_flight >= max && !c->closing && !c->dead) {
             qk_co_queue_wait(&c->slot_wait);
@@ -505,4 +533,5 @@ void coroutine_fn qk_nbd_transmit(QkNbdClient *c)
     while (c->in_flight > 0) {
         qk_co_queue_wait(&c->idle);
     }
+    release_bitmaps(c);
 }

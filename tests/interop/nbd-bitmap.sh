@@ -83,40 +83,80 @@ for build in "$QK_PLAIN" "$QK_ASAN"; do
   [ $rc = 0 ] || [ $rc = 3 ] || bad "$build: check after SIGKILL exited $rc"
 done
 
-# qemu:allocation-depth over a backing chain, against qemu-nbd -A.
-# A bitmap removed (control socket) while a client has its context
-# selected: block status fails for that client; it never reads as clean,
-# which would tell a backup that nothing changed.
+# A bitmap a client has selected is busy while the client is connected,
+# as an exported bitmap is in QEMU: remove, clear and disable are refused
+# (a client told "all clean" would skip changed data in a backup), block
+# status goes on answering, and once the client leaves removal works. A
+# bitmap removed after SET_META_CONTEXT but before the client began
+# transmission fails its block status: it never reads as clean.
 for build in "$QK_PLAIN" "$QK_ASAN"; do
   [ -x "$build" ] || continue
   qemu-img create -q -f qcow2 rm.qcow2 16M
+  qemu-img bitmap --add rm.qcow2 held
   qemu-img bitmap --add rm.qcow2 gone
   start_serve "$build" pid --export name=vm0,file=rm.qcow2 --socket "$work/s.sock" --control "$work/c.sock"
-  python3 - "$work/s.sock" "$build" "$work/c.sock" <<'PY' || bad "$build: block status of a removed bitmap"
+  python3 - "$work/s.sock" "$build" "$work/c.sock" <<'PY' || bad "$build: bitmaps selected by a client"
 import importlib.util, os, struct, subprocess, sys
 spec = importlib.util.spec_from_file_location("badclient", os.path.join(os.environ["SRC_DIR"], "tests/interop/nbd-badclient.py"))
 bc = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bc)
-c = bc.Conn(sys.argv[1])
-c.greet()
-c.opt(bc.OPT_SR)
-assert c.reply()[1] == bc.REP_ACK
-q, n = b"qemu:dirty-bitmap:gone", b"vm0"
-c.opt(bc.OPT_SET_META, struct.pack(">I", len(n)) + n + struct.pack(">II", 1, len(q)) + q)
-assert c.replies_until_final()[-1][0] == bc.REP_ACK
-c.opt(bc.OPT_GO, struct.pack(">I", len(n)) + n + struct.pack(">H", 0))
-assert c.replies_until_final()[-1][0] == bc.REP_ACK
+qk, ctl_sock = sys.argv[2], sys.argv[3]
+
+
+def ctl(*args):
+    return subprocess.run([qk, "ctl", ctl_sock] + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+
+
+def connect(name):
+    c = bc.Conn(sys.argv[1])
+    c.greet()
+    c.structured_replies()
+    assert c.meta(b"vm0", b"qemu:dirty-bitmap:" + name)[-1][0] == bc.REP_ACK
+    return c
+
+
+def go(c):
+    n = b"vm0"
+    c.opt(bc.OPT_GO, struct.pack(">I", len(n)) + n + struct.pack(">H", 0))
+    assert c.replies_until_final()[-1][0] == bc.REP_ACK
+
+
+def dirty_at_0(c):
+    c.request(bc.CMD_BS, 0, 1 << 20)
+    cookie, err, data = c.answer()
+    assert err == 0, "block status failed: %d" % err
+    return struct.unpack(">I", data[8:12])[0] & 1  # context id, then (length, flags) pairs
+
+
+c = connect(b"held")
+go(c)
+c.request(bc.CMD_WRITE, 0, 4096, payload=b"\x33" * 4096)
+assert c.answer()[1] == 0
+assert dirty_at_0(c) == 1, "the write is not in the bitmap"
+for cmd in ("block-dirty-bitmap-clear", "block-dirty-bitmap-remove", "block-dirty-bitmap-disable"):
+    r = ctl(cmd, "export=vm0", "name=held")
+    assert r.returncode != 0, "%s of a bitmap a client reads was accepted" % cmd
+    assert "in use" in r.stdout, r.stdout
+r = ctl("block-dirty-bitmap-query", "export=vm0")
+assert '"busy": true' in r.stdout, r.stdout
+assert dirty_at_0(c) == 1, "the bitmap changed under the client"
+c.request(bc.CMD_DISC, 0, 0)
+assert c.closed_by_server()
+r = ctl("block-dirty-bitmap-remove", "export=vm0", "name=held")
+assert r.returncode == 0, "remove after the client left: " + r.stdout
+
+c = connect(b"gone")
+assert ctl("block-dirty-bitmap-remove", "export=vm0", "name=gone").returncode == 0
+assert ctl("block-dirty-bitmap-add", "export=vm0", "name=other").returncode == 0
+go(c)
 c.request(bc.CMD_BS, 0, 1 << 20)
-assert c.answer()[1] == 0, "block status before the removal"
-subprocess.run([sys.argv[2], "ctl", sys.argv[3], "block-dirty-bitmap-remove", "export=vm0", "name=gone"], check=True,
-               stdout=subprocess.DEVNULL)
-c.request(bc.CMD_BS, 0, 1 << 20)
-err = c.answer()[1]
-assert err != 0, "block status of the removed bitmap answered (as clean)"
+assert c.answer()[1] != 0, "block status of a bitmap removed before GO answered (as clean)"
 PY
   stop_serve "$SERVE_PID"
 done
 
+# qemu:allocation-depth over a backing chain, against qemu-nbd -A.
 qemu-img create -q -f qcow2 db.qcow2 16M
 qemu-io -c 'write 4M 2M' db.qcow2 >/dev/null
 qemu-img create -q -f qcow2 -b db.qcow2 -F qcow2 dt.qcow2
