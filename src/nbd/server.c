@@ -132,6 +132,37 @@ static void client_kick(QkNbdClient *c)
     qk_co_queue_wake_all(&c->slot_wait);
 }
 
+/* Stops the clients of export e (every client when e is NULL): each
+ * answers what it has in flight; one that stopped reading our replies
+ * would block its last send forever, so after a grace period its write
+ * side is cut too. Returns once they are gone. */
+static void coroutine_fn stop_clients(QkNbdServer *srv, QkNbdExport *e)
+{
+    for (QkNbdClient *c = srv->clients; c; c = c->next) {
+        if (!e || c->exp == e) {
+            client_kick(c);
+        }
+    }
+    int64_t deadline = qk_clock_ns() + SHUTDOWN_GRACE_NS;
+    while ((e ? e->clients : srv->nclients) > 0 && qk_clock_ns() < deadline) {
+        qk_co_sleep_ns(10 * 1000 * 1000);
+    }
+    for (QkNbdClient *c = srv->clients; c; c = c->next) {
+        if (!e || c->exp == e) {
+            shutdown(c->fd, SHUT_RDWR);
+        }
+    }
+    if (e) {
+        while (e->clients > 0) {
+            qk_co_queue_wait(&e->clients_gone);
+        }
+    } else {
+        while (srv->nclients > 0) {
+            qk_co_queue_wait(&srv->clients_gone);
+        }
+    }
+}
+
 int coroutine_fn qk_co_nbd_server_del_export(QkNbdServer *srv, const char *name, QkError *err)
 {
     QkNbdExport **pp = &srv->exports;
@@ -144,14 +175,7 @@ int coroutine_fn qk_co_nbd_server_del_export(QkNbdServer *srv, const char *name,
     }
     e->removing = true;
     *pp = e->next;
-    for (QkNbdClient *c = srv->clients; c; c = c->next) {
-        if (c->exp == e) {
-            client_kick(c);
-        }
-    }
-    while (e->clients > 0) {
-        qk_co_queue_wait(&e->clients_gone);
-    }
+    stop_clients(srv, e);
     int r = qk_co_block_close(e->bs);
     export_free(e);
     if (r < 0) {
@@ -360,21 +384,7 @@ int coroutine_fn qk_co_nbd_server_shutdown(QkNbdServer *srv)
     int ret = 0;
     srv->shutting_down = true;
     stop_listeners(srv);
-    for (QkNbdClient *c = srv->clients; c; c = c->next) {
-        client_kick(c);
-    }
-    /* A client that stopped reading our replies would block its last
-     * send forever: after a grace period cut the write side too. */
-    int64_t deadline = qk_clock_ns() + SHUTDOWN_GRACE_NS;
-    while (srv->nclients > 0 && qk_clock_ns() < deadline) {
-        qk_co_sleep_ns(10 * 1000 * 1000);
-    }
-    for (QkNbdClient *c = srv->clients; c; c = c->next) {
-        shutdown(c->fd, SHUT_RDWR);
-    }
-    while (srv->nclients > 0) {
-        qk_co_queue_wait(&srv->clients_gone);
-    }
+    stop_clients(srv, NULL);
     while (srv->exports) {
         QkNbdExport *e = srv->exports;
         srv->exports = e->next;
