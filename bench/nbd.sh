@@ -10,6 +10,9 @@
 # ceiling: fio (io_uring, O_DIRECT with cache=none) on the image file
 # itself, inside its largest run of guest data so the image stays valid:
 # the same blocks of the same disk, with no server and no format between.
+# A fourth is the client's ceiling: the same fio nbd job against nbdkit's
+# null plugin (no disk, no format, every request answered at once), the
+# most fio's client and the socket pass on this machine.
 # Usage: bench/nbd.sh   (env: RUNTIME=10 REPS=3 SIZE=1G FORMAT=qcow2
 #                       CACHE=writeback|none (both servers; none: O_DIRECT,
 #                       qemu-nbd with --aio=native)
@@ -59,6 +62,8 @@ start() { # qcowkit|qemu-nbd
   rm -f "$sock"
   if [ "$1" = qcowkit ]; then
     "$QK" ${QK_AIO:+--aio "$QK_AIO"} serve --socket "$sock" --export "name=b,file=$img,format=$FORMAT,cache=$CACHE" &
+  elif [ "$1" = nbdkit ]; then
+    nbdkit -f -U "$sock" -e b null size="$SIZE" &
   else
     local qopt=()
     [ "$CACHE" = none ] && qopt=(--aio=native)
@@ -85,7 +90,7 @@ iops() { # rw [fio target options...]; default: the NBD export
 declare -A res
 direct=0
 [ "$CACHE" = none ] && direct=1
-systems=(qcowkit qemu-nbd file)
+systems=(qcowkit qemu-nbd file nbdkit)
 for rep in $(seq "$REPS"); do
   # Who goes first rotates per round, so a disk that drifts during a
   # round favours no one.
@@ -111,23 +116,28 @@ done
 python3 - "$FORMAT" "$SIZE" "$RUNTIME" "$REPS" "$1" \
   "${res[qcowkit,randread]}" "${res[qemu-nbd,randread]}" \
   "${res[qcowkit,randwrite]}" "${res[qemu-nbd,randwrite]}" \
-  "${res[file,randread]}" "${res[file,randwrite]}" "$cap_len" <<'PY'
+  "${res[file,randread]}" "${res[file,randwrite]}" \
+  "${res[nbdkit,randread]}" "${res[nbdkit,randwrite]}" "$cap_len" <<'PY'
 import statistics, sys
 fmt, size, rt, reps, where = sys.argv[1:6]
-vals = [list(map(int, a.split())) for a in sys.argv[6:12]]
-cap_mib = int(sys.argv[12]) >> 20
+vals = [list(map(int, a.split())) for a in sys.argv[6:14]]
+cap_mib = int(sys.argv[14]) >> 20
 def cell(v):
     return f"{int(statistics.median(v))} ({min(v)}-{max(v)})"
 import os
 aio = os.environ.get("QK_AIO") or "default (io_uring)"
 cache = os.environ.get("CACHE") or "writeback"
 print(f"fio nbd engine, 4k, iodepth 32, {rt}s x {reps} per cell, {fmt} image of {size} in {where}, cache={cache}, unix socket, qcowkit aio {aio}; "
-      f"the file's ceiling: fio io_uring{' O_DIRECT' if cache == 'none' else ''} on {cap_mib} MiB of the image file's guest data\n")
-print("| workload | qcowkit serve IOPS | qemu-nbd IOPS | ratio | the file's ceiling (fio on it) | qcowkit / ceiling | qemu-nbd / ceiling |")
-print("|---|---|---|---|---|---|---|")
-for name, qk, qm, f in (("randread", vals[0], vals[1], vals[4]), ("randwrite", vals[2], vals[3], vals[5])):
+      f"the file's ceiling: fio io_uring{' O_DIRECT' if cache == 'none' else ''} on {cap_mib} MiB of the image file's guest data; "
+      f"the client's ceiling: the fio nbd job against nbdkit's null plugin\n")
+print("| workload | qcowkit serve IOPS | qemu-nbd IOPS | ratio | the file's ceiling (fio on it) | qcowkit / file | qemu-nbd / file "
+      "| the client's ceiling (nbdkit null) | qcowkit / client |")
+print("|---|---|---|---|---|---|---|---|---|")
+for name, qk, qm, f, k in (("randread", vals[0], vals[1], vals[4], vals[6]),
+                           ("randwrite", vals[2], vals[3], vals[5], vals[7])):
     m = statistics.median
-    print(f"| {name} | {cell(qk)} | {cell(qm)} | {m(qk) / m(qm):.2f}x | {cell(f)} | {m(qk) / m(f):.2f} | {m(qm) / m(f):.2f} |")
+    print(f"| {name} | {cell(qk)} | {cell(qm)} | {m(qk) / m(qm):.2f}x | {cell(f)} | {m(qk) / m(f):.2f} | {m(qm) / m(f):.2f} "
+          f"| {cell(k)} | {m(qk) / m(k):.2f} |")
 PY
 rm -rf "$work"; work=""
 }

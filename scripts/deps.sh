@@ -4,14 +4,15 @@
 # compares with; gdb: backtraces of a test that timed out; python3-libnbd:
 # the backup tool of tests/interop/nbd-backup; ceph-mon, ceph-mgr, ceph-osd
 # and ceph-common: the throwaway cluster of the RBD tests and benchmark;
-# qemu-block-extra: qemu-img's rbd driver, their judge). Safe to run again:
+# qemu-block-extra: qemu-img's rbd driver, their judge; nbdkit: the NBD
+# benchmark's client ceiling, a server that answers at once). Safe to run again:
 # it installs only what is missing.
 set -euo pipefail
 
 pkgs=(
   build-essential pkg-config meson ninja-build
   liburing-dev zlib1g-dev libzstd-dev libjansson-dev
-  libnbd-dev libnbd-bin python3-libnbd
+  libnbd-dev libnbd-bin python3-libnbd nbdkit
   qemu-utils fio time iproute2 gnuplot-nox python3 strace gdb
   qemu-system-common
   librbd-dev ceph-mon ceph-mgr ceph-osd ceph-common qemu-block-extra
