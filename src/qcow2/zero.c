@@ -10,8 +10,11 @@
  * partly covered cluster as a zero write does, and frees the host cluster
  * once none of its subclusters is allocated any more. Partial units at
  * the edges of a discard are left alone (discard is advisory).
- * v2 images have no zero flag: zero writes fall back to the block
- * layer's generic path.
+ * v2 images have no zero flag. Without a backing file an unallocated
+ * cluster reads as zeros, so a zero write unmaps the whole clusters it
+ * covers (as QEMU resorts to discard there) and writes zeros only at its
+ * edges; with a backing file zero writes fall back to the block layer's
+ * generic path.
  */
 #include "qcow2/qcow2_int.h"
 
@@ -269,7 +272,8 @@ static int coroutine_fn zero_partial(Qcow2State *s, uint64_t off, uint64_t len)
     if (!len) {
         return 0;
     }
-    int z = zero_unit_if_zero(s, qk_align_down(off, s->sc_size));
+    /* v2 has no zero flag to give a unit that reads as zeros. */
+    int z = qcow2_is_v3(s) ? zero_unit_if_zero(s, qk_align_down(off, s->sc_size)) : 0;
     if (z != 0) {
         return z < 0 ? z : 0;
     }
@@ -293,8 +297,8 @@ static int coroutine_fn zero_partial(Qcow2State *s, uint64_t off, uint64_t len)
 int coroutine_fn qcow2_co_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t bytes, int flags)
 {
     Qcow2State *s = qcow2_state(bs);
-    if (!qcow2_is_v3(s)) {
-        return -ENOTSUP;
+    if (!qcow2_is_v3(s) && has_backing_file(s)) {
+        return -ENOTSUP; /* unmapping would show the backing file */
     }
     if (s->data_raw) {
         /* A raw data file must read as the disk: it gets the zeros too. */
@@ -314,9 +318,10 @@ int coroutine_fn qcow2_co_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t byte
         int r = zero_partial(s, off, mid - off);
         return r < 0 ? r : zero_partial(s, mid, end - mid);
     }
+    int mode = !qcow2_is_v3(s) ? MODE_CUT : (flags & QK_REQ_MAY_UNMAP) ? MODE_ZERO_UNMAP : MODE_ZERO;
     int r = zero_partial(s, off, start_al - off);
     if (r == 0) {
-        r = modify_range(s, start_al, end_al, (flags & QK_REQ_MAY_UNMAP) ? MODE_ZERO_UNMAP : MODE_ZERO);
+        r = modify_range(s, start_al, end_al, mode);
     }
     if (r == 0 && end > end_al) {
         r = zero_partial(s, end_al, end - end_al);
