@@ -392,6 +392,11 @@ int64_t coroutine_fn qcow2_alloc_clusters_bulk(Qcow2State *s, uint64_t n);
 int coroutine_fn qcow2_free_clusters(Qcow2State *s, uint64_t off, uint64_t len);
 /* Drops the reference an L2 entry holds (normal, zero-allocated or compressed). */
 int coroutine_fn qcow2_free_l2_entry(Qcow2State *s, uint64_t l2e);
+/* 0, or -EIO (the image then to be marked corrupt) when l2e's host
+ * cluster cannot be freed: an offset inside a cluster would drop the
+ * refcounts of two clusters, one of them someone else's. Checked before
+ * an entry is changed, so a refused free leaves the table as it was. */
+int qcow2_check_free_l2_entry(Qcow2State *s, uint64_t l2e);
 uint64_t qcow2_rb_get(const Qcow2State *s, const void *block, uint64_t i);
 void qcow2_rb_set(const Qcow2State *s, void *block, uint64_t i, uint64_t v);
 int coroutine_fn qcow2_write_rt_entry(Qcow2State *s, uint64_t ti);

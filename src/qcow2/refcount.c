@@ -6,7 +6,9 @@
  */
 #include "qcow2/qcow2_int.h"
 
+#include <inttypes.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -622,8 +624,25 @@ void qcow2_compressed_range(const Qcow2State *s, uint64_t l2e, uint64_t *host, u
     *len = nsec * 512 - (*host & 511);
 }
 
+int qcow2_check_free_l2_entry(Qcow2State *s, uint64_t l2e)
+{
+    uint64_t off = l2e & QCOW2_L2E_OFFSET_MASK;
+    if ((l2e & QCOW2_OFLAG_COMPRESSED) || qk_is_aligned(off, s->cluster_size)) {
+        return 0;
+    }
+    if (!s->meta_corrupt) {
+        s->meta_corrupt = true;
+        snprintf(s->meta_corrupt_msg, sizeof(s->meta_corrupt_msg), "Cannot free unaligned cluster %#" PRIx64, off);
+    }
+    return -EIO;
+}
+
 int coroutine_fn qcow2_free_l2_entry(Qcow2State *s, uint64_t l2e)
 {
+    int r = qcow2_check_free_l2_entry(s, l2e);
+    if (r < 0) {
+        return r;
+    }
     if (l2e & QCOW2_OFLAG_COMPRESSED) {
         uint64_t host, len;
         qcow2_compressed_range(s, l2e, &host, &len);

@@ -286,6 +286,9 @@ static int coroutine_fn update_l2(Qcow2State *s, const AllocPlan *p, uint64_t fo
             r = -QK_ECORRUPT; /* nothing may move a cluster we write into */
             break;
         }
+        if (p->replace && (r = qcow2_check_free_l2_entry(s, old)) < 0) {
+            break;
+        }
         uint64_t nbm = 0;
         if (s->extended_l2) {
             nbm = p->replace ? QCOW2_BITMAP_ALL_ALLOC

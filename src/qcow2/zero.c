@@ -120,6 +120,9 @@ static int coroutine_fn modify_table(Qcow2State *s, uint64_t c, uint64_t n, int 
         if (ne == old && nbm == bm) {
             continue;
         }
+        if (free_old && (r = qcow2_check_free_l2_entry(s, old)) < 0) {
+            break;
+        }
         qcow2_l2_set(s, t, i0 + k, ne, nbm);
         changed = true;
         if (free_old) {
@@ -168,6 +171,10 @@ static int coroutine_fn modify_subclusters(Qcow2State *s, uint64_t c, uint32_t m
     uint64_t nbm = (bm & ~(uint64_t)mask) | ((uint64_t)mask << 32);
     uint64_t ne = e;
     bool drop = mode == MODE_DISCARD && (e & QCOW2_L2E_OFFSET_MASK) && !(nbm & QCOW2_BITMAP_ALL_ALLOC);
+    if (drop && (r = qcow2_check_free_l2_entry(s, e)) < 0) {
+        qcow2_cache_put(s->l2_cache, &t);
+        return r;
+    }
     if (drop) {
         /* Nothing of the host cluster is in use: free it. The zero bits
          * stay; unallocated subclusters stay unallocated, as they must

@@ -261,6 +261,40 @@ def run_compressed(qcowkit, work, env):
     print("%s %-40s %s" % ("ok  " if ok else "FAIL", "damaged cluster at 256k: error offset", msgs))
     return len(cases) + 1, fails + (0 if ok else 1)
 
+# An L2 entry whose host offset is inside a cluster (0x50200: guest
+# cluster 0's data at 0x50000, guest cluster 1's at 0x60000). Freeing it
+# (discard, zero writes that unmap) must be refused and the image marked
+# corrupt, as QEMU does: dropping the refcount of "its" range would free
+# guest cluster 1's host cluster too, and the next allocation would
+# write over that data. With standard and extended L2 entries.
+def run_unaligned_free(qcowkit, work, env):
+    fails = 0
+    for ext in ("off", "on"):
+        path = os.path.join(work, "unaligned.qcow2")
+        for op in ("discard 0 64k", "write -z -u 0 64k"):
+            sh(["rm", "-f", path])
+            sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "extended_l2=" + ext, path, "64M"])
+            sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x11 0 64k", "-c", "write -P 0x12 64k 64k", path])
+            with open(path, "r+b") as f:
+                img = bytearray(f.read())
+                l2 = l1_entry(img) & 0x00fffffffffffe00
+                assert struct.unpack_from(">Q", img, l2)[0] & 0x00fffffffffffe00 == 0x50000, "layout changed"
+                be("Q", img, l2, 0x8000000000050200)
+                f.seek(0)
+                f.write(img)
+            p = subprocess.run([qcowkit, "io", "-f", "qcow2", "-c", op, "-c", "write -P 0x99 48M 128k", path], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            rd = sh(["qemu-io", "-r", "-f", "qcow2", "-c", "read -P 0x12 64k 64k", path])
+            info = sh(["qemu-img", "info", path]).stdout
+            ok = (p.returncode in (0, 1) and "Sanitizer" not in p.stdout and "runtime error" not in p.stdout and
+                  "failed" in p.stdout and "verification failed" not in rd.stdout and rd.returncode == 0 and
+                  "corrupt: true" in info)
+            print("%s unaligned L2 entry, extended_l2=%s, %s" % ("ok  " if ok else "FAIL", ext, op))
+            if not ok:
+                fails += 1
+                print("     " + (p.stdout + rd.stdout + info).strip().replace("\n", "\n     ")[:2000])
+    return fails
+
 def main():
     qcowkit, work = sys.argv[1], sys.argv[2]
     base = make_base(work)
@@ -321,6 +355,7 @@ def main():
         if not ok:
             fails += 1
             print("     " + (rd.stdout + chk.stdout).strip().replace("\n", "\n     ")[:2000])
+    fails += run_unaligned_free(qcowkit, work, env)
     ncomp, cfails = run_compressed(qcowkit, work, env)
     fails += cfails
     print("%d cases, %d failures" % (len(CASES) + len(CHECK_ONLY) + ncomp, fails))
