@@ -154,12 +154,18 @@ static int parse_one(AmendCmd *c, char *kv)
 
 /* A backing file option equal to what the image records changes nothing;
  * any other is rebase's job, as qemu-img says. */
+/* strcmp where NULL (not given, or none recorded) equals only NULL. */
+static bool differ0(const char *a, const char *b)
+{
+    return (!a || !b) ? a != b : strcmp(a, b) != 0;
+}
+
+/* As qemu-img: the file and the format given must both be what the image
+ * records (one given alone differs from a recorded other). */
 static bool backing_differs(const AmendCmd *c)
 {
-    const char *cur = qk_block_backing_file(c->bs) ? qk_block_backing_file(c->bs) : "";
-    const char *curf = qk_block_backing_format(c->bs) ? qk_block_backing_format(c->bs) : "";
-    return (c->backing_file && strcmp(c->backing_file, cur) != 0) ||
-           (c->backing_fmt && strcmp(c->backing_fmt, curf) != 0);
+    return differ0(c->backing_file, qk_block_backing_file(c->bs)) ||
+           differ0(c->backing_fmt, qk_block_backing_format(c->bs));
 }
 
 static int run_amend(int argc, char **argv)
@@ -272,6 +278,11 @@ static int run_amend(int argc, char **argv)
         goto out;
     }
     c.o.check_only = false;
+    if (c.o.size_set) {
+        /* Growing must know what the backing file would show through the
+         * new area (and the last cluster's old tail) to zero it. */
+        flags &= ~QK_OPEN_NO_BACKING;
+    }
     c.bs = qk_tool_open(filename, fmt, flags, &c.err);
     if (!c.bs) {
         qk_tool_error("Could not open '%s': %s", filename, c.err.msg);

@@ -167,7 +167,10 @@ static int coroutine_fn grow(Qcow2State *s, uint64_t old, uint64_t size, QkPreal
         }
     }
     zend = QK_MIN(zend, size);
-    if (zend > old && prealloc == QK_PREALLOC_OFF) {
+    /* Preallocated clusters too: the last cluster's tail past the old
+     * end, and subclusters left unallocated (extended L2), would show
+     * the backing file. */
+    if (zend > old) {
         r = qk_co_pwrite_zeroes(bs, old, zend - old, 0);
         if (r < 0) {
             return qk_error_set_errno(err, r, "Could not zero the new area");
@@ -221,6 +224,12 @@ int coroutine_fn qcow2_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc preall
     }
     if (size == old && prealloc == QK_PREALLOC_OFF) {
         return 0;
+    }
+    if (old != 0 && s->h.backing_file_offset && !bs->backing) {
+        /* What would show through the new area is unknown: it could not
+         * be zeroed. (From size 0 it is creation: the backing file is
+         * meant to show.) */
+        return qk_error_set(err, -ENOTSUP, "Cannot grow an image whose backing file is not open");
     }
     if (qcow2_has_data_file(s) && old != 0) {
         /* The data file grows first (its preallocation is its own), and

@@ -30,16 +30,16 @@ def norm(t):
     return "\n".join(l for i, l in enumerate(lines) if i not in drop)
 
 
-def build(d, opts, cmds, snapshot=None, backing=False, bitmap=False):
+def build(d, opts, cmds, snapshot=None, backing=False, bitmap=False, size=8 * M, bsize=8 * M):
     os.makedirs(d)
     c = ["qemu-img", "create", "-q", "-f", "qcow2"]
     if opts:
         c += ["-o", opts]
     if backing:
-        sh(["qemu-img", "create", "-q", "-f", "qcow2", "b.qcow2", str(8 * M)], d)
-        sh(["qemu-io", "-c", "write -P 0x11 0 8M", "b.qcow2"], d)
+        sh(["qemu-img", "create", "-q", "-f", "qcow2", "b.qcow2", str(bsize)], d)
+        sh(["qemu-io", "-c", "write -P 0x11 0 %d" % bsize, "b.qcow2"], d)
         c += ["-b", "b.qcow2", "-F", "qcow2"]
-    sh(c + ["t.qcow2", str(8 * M)], d)
+    sh(c + ["t.qcow2", str(size)], d)
     if cmds:
         sh(["qemu-io"] + [a for w in cmds for a in ("-c", w)] + ["t.qcow2"], d)
     if snapshot:
@@ -68,11 +68,12 @@ def snap_raw(d, out):
     return rc == 0
 
 
-def case(name, args, opts="", cmds=(), snapshot=None, backing=False, bitmap=False, deliberate=False):
+def case(name, args, opts="", cmds=(), snapshot=None, backing=False, bitmap=False, deliberate=False, size=8 * M,
+         bsize=8 * M):
     n = new_case()
     p, q, k = (os.path.join(WORK, "%s%d" % (x, n)) for x in "pqk")
     try:
-        build(p, opts, list(cmds), snapshot, backing, bitmap)
+        build(p, opts, list(cmds), snapshot, backing, bitmap, size, bsize)
     except RuntimeError as e:
         bad(name, "setup: %s" % e)
         return
@@ -145,6 +146,17 @@ case("-q -p --force", ["-q", "-p", "--force", "-o", "compat=0.10", "t.qcow2"], "
 case("-t none", ["-t", "none", "-o", "refcount_bits=8", "t.qcow2"], "", data)
 case("backing_file unchanged", ["-o", "backing_file=b.qcow2,backing_fmt=qcow2", "t.qcow2"], "", data,
      backing=True)
+# Growing an overlay: the new area reads as zeros, not as the (bigger)
+# backing file, and the backing data under the last, partial cluster of
+# the old size stays visible.
+for o in ("", "extended_l2=on", "cluster_size=2M"):
+    case("size=16M over a 16M backing file, old size 8M-512 %s" % o, ["-o", "size=16M", "t.qcow2"], o, data[:2],
+         backing=True, size=8 * M - 512, bsize=16 * M)
+case("size=16M over a 16M backing file, old size 8M", ["-o", "size=16M", "t.qcow2"], "", data[:2], backing=True,
+     bsize=16 * M)
+case("backing_file alone (the format recorded too)", ["-o", "backing_file=b.qcow2", "t.qcow2"], "", data,
+     backing=True)
+case("backing_fmt alone", ["-o", "backing_fmt=qcow2", "t.qcow2"], "", data, backing=True)
 case("-o help", ["-o", "help", "t.qcow2"])
 for args in (["t.qcow2"], ["-o", "compat=1.2", "t.qcow2"], ["-o", "compat=", "t.qcow2"],
              ["-o", "lazy_refcounts=maybe", "t.qcow2"], ["-o", "cluster_size=4096", "t.qcow2"],

@@ -175,6 +175,13 @@ case("v2 with snapshots", "qcow2", 8 * M, ["IMG", "32M"], copts="compat=0.10", w
 # what a shrink cut shows the backing file again when grown.
 case("grow over a bigger backing file", "qcow2", 4 * M, ["IMG", "12M"], writes=data[:3], backing=10 * M)
 case("shrink over a backing file", "qcow2", 8 * M, ["--shrink", "IMG", "3M"], writes=data, backing=8 * M)
+# Preallocated growth over a bigger backing file: the old last cluster's
+# tail and unallocated subclusters must not show the backing file.
+for mode in ("metadata", "falloc", "full"):
+    case("preallocation=%s over a bigger backing file" % mode, "qcow2", 4 * M - 512,
+         ["--preallocation=" + mode, "IMG", "12M"], writes=data[:2], backing=10 * M)
+    case("preallocation=%s over a bigger backing file, extended L2" % mode, "qcow2", 4 * M,
+         ["--preallocation=" + mode, "IMG", "12M"], copts="extended_l2=on", writes=data[:2], backing=10 * M)
 
 # raw
 case("raw grow", "raw", 8 * M, ["-f", "raw", "IMG", "+3M"], writes=data[:2] + data[3:])
