@@ -466,6 +466,27 @@ int coroutine_fn qcow2_co_snapshot_create(QkBlock *bs, const QkSnapshotInfo *inf
     return r;
 }
 
+/* A snapshot's L1 table, and the L2 tables it names, must lie clear of
+ * the header, the active L1 table, the refcount structures and the bitmap
+ * directory (its L2 tables may be active ones: shared). Checked before
+ * applying it changes anything: a damaged or hostile table would
+ * otherwise become the active L1 and only fail once the old tree's
+ * references were being dropped. */
+static bool snapshot_tree_sane(Qcow2State *s, const Qcow2Snapshot *sn, const uint64_t *l1)
+{
+    if (sn->l1_size && qcow2_meta_overlap(s, sn->l1_offset, (uint64_t)sn->l1_size * 8, QCOW2_OL_L2)) {
+        return false;
+    }
+    for (uint64_t i = 0; i < sn->l1_size; i++) {
+        uint64_t off = l1[i] & QCOW2_L1E_OFFSET_MASK;
+        if (off && (!qk_is_aligned(off, s->cluster_size) ||
+                    qcow2_meta_overlap(s, off, s->cluster_size, QCOW2_OL_L2))) {
+            return false;
+        }
+    }
+    return true;
+}
+
 static int coroutine_fn goto_locked(Qcow2State *s, const Qcow2Snapshot *sn, QkError *err)
 {
     if (!qk_is_aligned(sn->disk_size, 512) || sn->disk_size > (1ULL << 62)) {
@@ -479,6 +500,10 @@ static int coroutine_fn goto_locked(Qcow2State *s, const Qcow2Snapshot *sn, QkEr
     int r = read_l1(s, sn->l1_offset, sn->l1_size, new_size, &nl1);
     if (r < 0) {
         return qk_error_set_errno(err, r, "Could not read the snapshot's L1 table");
+    }
+    if (!snapshot_tree_sane(s, sn, nl1)) {
+        free(nl1);
+        return qk_error_corrupt(err, "Failed to load snapshot: its tables overlap the image's metadata");
     }
     /* The snapshot's tree gains the active reference first... */
     r = qcow2_walk_l1(s, nl1, sn->l1_size, 1, false, NULL);

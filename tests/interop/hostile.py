@@ -295,6 +295,42 @@ def run_unaligned_free(qcowkit, work, env):
                 print("     " + (p.stdout + rd.stdout + info).strip().replace("\n", "\n     ")[:2000])
     return fails
 
+# snapshot -a of a snapshot whose L1 table is the refcount table, or whose
+# L1 names the refcount table as an L2 table: refused before anything changes (the
+# file stays byte for byte as it was), as qemu-img refuses; applying it
+# made garbage the active L1 and failed only afterwards.
+def run_bad_snapshot_apply(qcowkit, work, env):
+    fails = 0
+    path = os.path.join(work, "snap.qcow2")
+    for what in ("L1 table is the refcount table", "L1 entry names the refcount table"):
+        sh(["rm", "-f", path])
+        sh(["qemu-img", "create", "-q", "-f", "qcow2", path, "4M"])
+        sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x11 0 1M", path])
+        sh(["qemu-img", "snapshot", "-c", "s1", path])
+        sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x33 0 64k", path])
+        with open(path, "r+b") as f:
+            img = bytearray(f.read())
+            sn = struct.unpack_from(">Q", img, 64)[0]
+            if what.startswith("L1 table"):
+                be("Q", img, sn, struct.unpack_from(">Q", img, 48)[0])
+            else:
+                be("Q", img, struct.unpack_from(">Q", img, sn)[0], (1 << 63) | struct.unpack_from(">Q", img, 48)[0])
+            f.seek(0)
+            f.write(img)
+        before = hashlib.sha256(open(path, "rb").read()).hexdigest()
+        p = subprocess.run([qcowkit, "snapshot", "-a", "s1", path], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+        after = hashlib.sha256(open(path, "rb").read()).hexdigest()
+        rd = sh(["qemu-io", "-r", "-f", "qcow2", "-c", "read -P 0x33 0 64k", "-c", "read -P 0x11 64k 960k", path])
+        ok = (p.returncode == 1 and "Failed to load snapshot" in p.stdout and before == after and
+              "verification failed" not in rd.stdout and "Sanitizer" not in p.stdout)
+        print("%s snapshot -a, %s" % ("ok  " if ok else "FAIL", what))
+        if not ok:
+            fails += 1
+            print("     exit %d, file %s\n     %s" % (p.returncode, "unchanged" if before == after else "CHANGED",
+                                                    (p.stdout + rd.stdout).strip().replace("\n", "\n     ")[:2000]))
+    return fails
+
 def main():
     qcowkit, work = sys.argv[1], sys.argv[2]
     base = make_base(work)
@@ -356,6 +392,7 @@ def main():
             fails += 1
             print("     " + (rd.stdout + chk.stdout).strip().replace("\n", "\n     ")[:2000])
     fails += run_unaligned_free(qcowkit, work, env)
+    fails += run_bad_snapshot_apply(qcowkit, work, env)
     ncomp, cfails = run_compressed(qcowkit, work, env)
     fails += cfails
     print("%d cases, %d failures" % (len(CASES) + len(CHECK_ONLY) + ncomp, fails))
