@@ -131,9 +131,19 @@ static int coroutine_fn file_open(QkBlock *bs, const QkOpenOptions *opts, QkErro
         oflags |= O_DIRECT;
     }
     s->bulk_fd = -1;
-    s->fd = open(bs->filename, oflags);
+    /* Non-blocking only while opening: a name that turns out to be a FIFO
+     * (a hostile image's data file, say) would otherwise wait for a
+     * writer forever; its reads then fail (ESPIPE) instead. */
+    s->fd = open(bs->filename, oflags | O_NONBLOCK);
     if (s->fd < 0) {
         return qk_error_set_errno(err, -errno, "Could not open '%s'", bs->filename);
+    }
+    int fl = fcntl(s->fd, F_GETFL);
+    if (fl < 0 || fcntl(s->fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        int e = -errno;
+        close(s->fd);
+        s->fd = -1;
+        return qk_error_set_errno(err, e, "Could not open '%s'", bs->filename);
     }
     struct stat st;
     if (fstat(s->fd, &st) == 0 && S_ISBLK(st.st_mode)) {
@@ -141,6 +151,10 @@ static int coroutine_fn file_open(QkBlock *bs, const QkOpenOptions *opts, QkErro
     } else if (fstat(s->fd, &st) == 0 && S_ISDIR(st.st_mode)) {
         close(s->fd);
         return qk_error_set(err, -EISDIR, "Could not open '%s': Is a directory", bs->filename);
+    } else if (fstat(s->fd, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))) {
+        /* No offsets to read at: its reads would wait for a writer. */
+        close(s->fd);
+        return qk_error_set(err, -ESPIPE, "Could not open '%s': a pipe or socket is not an image", bs->filename);
     }
     s->direct = (opts->flags & QK_OPEN_NOCACHE) != 0;
     s->no_flush = (opts->flags & QK_OPEN_NO_FLUSH) != 0;

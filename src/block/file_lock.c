@@ -154,7 +154,8 @@ int qk_file_lock_acquire(int fd, const char *filename, unsigned perm, unsigned s
         l = calloc(1, sizeof(*l));
         char path[64];
         snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-        int lfd = l ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+        /* Non-blocking: reopening a FIFO read-only would wait for a writer. */
+        int lfd = l ? open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC) : -1;
         if (lfd < 0) {
             /* Nothing to lock with (no /proc, or not readable): unlocked. */
             free(l);

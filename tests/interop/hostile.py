@@ -331,6 +331,33 @@ def run_bad_snapshot_apply(qcowkit, work, env):
                                                     (p.stdout + rd.stdout).strip().replace("\n", "\n     ")[:2000]))
     return fails
 
+# An image whose external data file is a FIFO: opening it used to wait for
+# a writer forever, in every command. info describes the image (as
+# qemu-img does); commands that need the data fail at once.
+def run_fifo_data_file(qcowkit, work, env):
+    fails = 0
+    d = os.path.join(work, "fifo")
+    sh(["rm", "-rf", d])
+    os.makedirs(d)
+    img, data = os.path.join(d, "df.qcow2"), os.path.join(d, "df.raw")
+    sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "data_file=" + data, img, "4M"])
+    os.unlink(data)
+    os.mkfifo(data)
+    for cmd, want in ((["info"], 0), (["check"], 1), (["map"], 1), (["io", "-r", "-c", "read 0 4k"], 1),
+                      (["convert", "-O", "raw", img, os.path.join(d, "out.raw")], 1)):
+        args = [qcowkit] + cmd + ([] if cmd[0] == "convert" else [img])
+        try:
+            p = subprocess.run(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=30)
+            ok = p.returncode == want and (want == 0 or "pipe" in p.stdout)
+            out = p.stdout
+        except subprocess.TimeoutExpired:
+            ok, out = False, "hung (30 s)"
+        print("%s data file is a FIFO: %s" % ("ok  " if ok else "FAIL", cmd[0]))
+        if not ok:
+            fails += 1
+            print("     " + out.strip().replace("\n", "\n     ")[:1000])
+    return fails
+
 def main():
     qcowkit, work = sys.argv[1], sys.argv[2]
     base = make_base(work)
@@ -393,6 +420,7 @@ def main():
             print("     " + (rd.stdout + chk.stdout).strip().replace("\n", "\n     ")[:2000])
     fails += run_unaligned_free(qcowkit, work, env)
     fails += run_bad_snapshot_apply(qcowkit, work, env)
+    fails += run_fifo_data_file(qcowkit, work, env)
     ncomp, cfails = run_compressed(qcowkit, work, env)
     fails += cfails
     print("%d cases, %d failures" % (len(CASES) + len(CHECK_ONLY) + ncomp, fails))
