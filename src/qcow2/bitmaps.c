@@ -386,7 +386,10 @@ static int coroutine_fn write_bitmap(Qcow2State *s, const QkDirtyBitmap *bm, Qco
 }
 
 /* Frees a stored bitmap's data clusters and table (its directory entry is
- * gone from the header's directory by now). */
+ * gone from the header's directory by now). A cluster that is also live
+ * metadata (a damaged or hostile directory naming the L1 table, say) is
+ * left alone, a leak at worst: freeing it would hand the table to the
+ * allocator, and the next write would overwrite it. */
 static int coroutine_fn free_bitmap(Qcow2State *s, const Qcow2BmEntry *e)
 {
     uint64_t cs = s->cluster_size;
@@ -399,11 +402,11 @@ static int coroutine_fn free_bitmap(Qcow2State *s, const Qcow2BmEntry *e)
     qk_co_mutex_lock(&s->lock);
     for (uint64_t i = 0; r == 0 && i < n; i++) {
         uint64_t off = be64toh(t[i]) & BME_ENTRY_OFFSET;
-        if (off && qk_is_aligned(off, cs)) {
+        if (off && qk_is_aligned(off, cs) && !qcow2_meta_overlap(s, off, cs, 0)) {
             r = qcow2_free_clusters(s, off, cs);
         }
     }
-    if (r == 0) {
+    if (r == 0 && !qcow2_meta_overlap(s, e->table_off, qk_align_up(n * 8, cs), 0)) {
         r = qcow2_free_clusters(s, e->table_off, qk_align_up(n * 8, cs));
     }
     qk_co_mutex_unlock(&s->lock);
@@ -573,9 +576,10 @@ int coroutine_fn qcow2_bitmaps_store(QkBlock *bs, QkError *err)
                 free_bitmap(s, &d->e[i]);
             }
         }
-        if (d->size) {
+        uint64_t dbytes = qk_align_up(d->size, s->cluster_size);
+        if (d->size && !qcow2_meta_overlap(s, d->off, dbytes, QCOW2_OL_BITMAP_DIR)) {
             qk_co_mutex_lock(&s->lock);
-            qcow2_free_clusters(s, d->off, qk_align_up(d->size, s->cluster_size));
+            qcow2_free_clusters(s, d->off, dbytes);
             qk_co_mutex_unlock(&s->lock);
         }
         /* What is stored now is the baseline for the next store: the

@@ -358,6 +358,46 @@ def run_fifo_data_file(qcowkit, work, env):
             print("     " + out.strip().replace("\n", "\n     ")[:1000])
     return fails
 
+# A stored bitmap whose table names the active L1 table as a data cluster:
+# changing the bitmap (clear, remove) freed "its" clusters, the L1 table
+# among them, and the next allocation wrote over the L1 table (qemu-img
+# 7.2 does the same). The L1 table must survive: the guest data reads
+# back after the bitmap is changed and new clusters are written.
+def run_bitmap_names_l1(qcowkit, work, env):
+    fails = 0
+    path = os.path.join(work, "bm.qcow2")
+    for op in (["bitmap", "--clear", path, "b1"], ["bitmap", "--remove", path, "b1"]):
+        sh(["rm", "-f", path])
+        sh(["qemu-img", "create", "-q", "-f", "qcow2", path, "4M"])
+        sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x44 0 1M", path])
+        sh(["qemu-img", "bitmap", "--add", path, "b1"])
+        sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x45 1M 64k", path])  # dirty: b1 gets a data cluster
+        with open(path, "r+b") as f:
+            img = bytearray(f.read())
+            off, dir_off = struct.unpack_from(">I", img, 100)[0], None  # extensions follow the header
+            while off + 8 <= len(img):
+                typ, ln = struct.unpack_from(">II", img, off)
+                if typ == 0:
+                    break
+                if typ == 0x23852875:
+                    dir_off = struct.unpack_from(">Q", img, off + 8 + 16)[0]
+                off += 8 + ((ln + 7) & ~7)
+            table = struct.unpack_from(">Q", img, dir_off)[0]
+            be("Q", img, table, struct.unpack_from(">Q", img, 40)[0])  # entry 0 -> the active L1 table
+            f.seek(0)
+            f.write(img)
+        p = subprocess.run([qcowkit] + op, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        w = subprocess.run([qcowkit, "io", "-c", "write -P 0x99 2M 1M", path], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+        rd = sh(["qemu-io", "-r", "-f", "qcow2", "-c", "read -P 0x44 0 1M", "-c", "read -P 0x45 1M 64k", path])
+        ok = ("Sanitizer" not in p.stdout + w.stdout and rd.returncode == 0 and "verification failed" not in rd.stdout
+              and "ailed" not in rd.stdout)
+        print("%s bitmap table names the L1 table: %s" % ("ok  " if ok else "FAIL", op[1]))
+        if not ok:
+            fails += 1
+            print("     " + (p.stdout + w.stdout + rd.stdout).strip().replace("\n", "\n     ")[:1500])
+    return fails
+
 def main():
     qcowkit, work = sys.argv[1], sys.argv[2]
     base = make_base(work)
@@ -421,6 +461,7 @@ def main():
     fails += run_unaligned_free(qcowkit, work, env)
     fails += run_bad_snapshot_apply(qcowkit, work, env)
     fails += run_fifo_data_file(qcowkit, work, env)
+    fails += run_bitmap_names_l1(qcowkit, work, env)
     ncomp, cfails = run_compressed(qcowkit, work, env)
     fails += cfails
     print("%d cases, %d failures" % (len(CASES) + len(CHECK_ONLY) + ncomp, fails))
