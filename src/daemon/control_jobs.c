@@ -108,7 +108,7 @@ static void switch_export(void *opaque, QkBlock *source, QkBlock *target)
     JobCtx *c = opaque;
     QkNbdExport *e = qk_nbd_server_find_export(qk_daemon_nbd_server(c->d), c->export_name);
     if (e && e->bs == source) {
-        e->bs = target;
+        qk_nbd_export_set_node(qk_daemon_nbd_server(c->d), e, target);
         c->switched = true;
     }
 }

@@ -123,6 +123,24 @@ static void export_free(QkNbdExport *e)
     free(e);
 }
 
+void qk_nbd_export_set_node(QkNbdServer *srv, QkNbdExport *e, QkBlock *bs)
+{
+    /* Pins on the old node must go before it may be closed: the client
+     * would otherwise keep pointers into freed bitmaps. Only clients in
+     * transmission hold pins (one still haggling takes them when it
+     * starts, on whatever node the export has then). */
+    QkBlock *old = e->bs;
+    for (QkNbdClient *c = srv->clients; c; c = c->next) {
+        if (c->exp == e && c->held) {
+            qk_nbd_client_release_bitmaps(c);
+            e->bs = bs;
+            qk_nbd_client_hold_bitmaps(c);
+            e->bs = old;
+        }
+    }
+    e->bs = bs;
+}
+
 /* Asks a client to stop after answering what it has in flight. */
 static void client_kick(QkNbdClient *c)
 {

@@ -49,6 +49,11 @@ int qk_nbd_server_listen_tcp(QkNbdServer *srv, const char *addr, const char *por
 int qk_nbd_server_add_export(QkNbdServer *srv, const char *name, const char *description,
                              QkBlock *bs, bool readonly, const char *cache, QkError *err);
 QkNbdExport *qk_nbd_server_find_export(QkNbdServer *srv, const char *name);
+/* Points export e at another node (a mirror's switch; the caller keeps the
+ * old one, which it may close). Clients carry on; the dirty bitmaps their
+ * contexts name are pinned on the new node instead (by name; a name the
+ * new node lacks fails block status from then on). */
+void qk_nbd_export_set_node(QkNbdServer *srv, QkNbdExport *e, QkBlock *bs);
 QkNbdExport *qk_nbd_server_first_export(QkNbdServer *srv);
 /* Removes an export: new connections no longer see it, its clients are
  * disconnected once their requests in flight are answered, then the image

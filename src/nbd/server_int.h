@@ -68,5 +68,9 @@ int coroutine_fn qk_nbd_handshake(QkNbdClient *c);
 /* Serves requests until the client disconnects or is told to close, then
  * waits for its requests in flight. */
 void coroutine_fn qk_nbd_transmit(QkNbdClient *c);
+/* The bitmaps behind a transmitting client's contexts, pinned (busy) on
+ * its export's node, and given back; see QkNbdClient.held. */
+void qk_nbd_client_hold_bitmaps(QkNbdClient *c);
+void qk_nbd_client_release_bitmaps(QkNbdClient *c);
 
 #endif

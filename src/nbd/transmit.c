@@ -456,7 +456,7 @@ static int coroutine_fn read_payload(QkNbdClient *c, Req *q)
 /* Pins the bitmaps behind the client's contexts for the connection's
  * life, as an export's bitmaps are pinned in QEMU: clear, remove, enable,
  * disable, merge into and backups refuse a busy bitmap. */
-static void hold_bitmaps(QkNbdClient *c)
+void qk_nbd_client_hold_bitmaps(QkNbdClient *c)
 {
     if (c->nbitmaps == 0) {
         return;
@@ -471,7 +471,7 @@ static void hold_bitmaps(QkNbdClient *c)
     }
 }
 
-static void release_bitmaps(QkNbdClient *c)
+void qk_nbd_client_release_bitmaps(QkNbdClient *c)
 {
     for (unsigned i = 0; c->held && i < c->nbitmaps; i++) {
         if (c->held[i]) {
@@ -485,7 +485,7 @@ static void release_bitmaps(QkNbdClient *c)
 void coroutine_fn qk_nbd_transmit(QkNbdClient *c)
 {
     unsigned max = c->srv->max_in_flight;
-    hold_bitmaps(c);
+    qk_nbd_client_hold_bitmaps(c);
     for (;;) {
         while (c->in_flight >= max && !c->closing && !c->dead) {
             qk_co_queue_wait(&c->slot_wait);
@@ -533,5 +533,5 @@ void coroutine_fn qk_nbd_transmit(QkNbdClient *c)
     while (c->in_flight > 0) {
         qk_co_queue_wait(&c->idle);
     }
-    release_bitmaps(c);
+    qk_nbd_client_release_bitmaps(c);
 }

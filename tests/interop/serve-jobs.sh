@@ -5,7 +5,11 @@
 #  - job-complete on a paused job is refused (QEMU's rule), and "quit"
 #    while a client waits in job-complete wait=true ends the daemon;
 #  - a switch onto a target deleted under the job is refused;
-#  - job ids must be QEMU-style identifiers.
+#  - job ids must be QEMU-style identifiers;
+#  - a switch while a client reads a dirty bitmap of the source moves the
+#    client's pin to the target (by name) before the source is closed:
+#    block status then fails or answers, never reads freed memory (ASan),
+#    and the bitmap is no longer busy on a node that is gone.
 # Plain and ASan builds. Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/nbd-lib.bash"
 
@@ -77,6 +81,45 @@ for BIN in "$QK_PLAIN" "$QK_ASAN"; do
   wait "$waiter" 2>/dev/null
   qemu-img check -q src.qcow2 || fail "source after quit: check"
   qemu-img check -q dst.qcow2 || fail "target after quit: check"
+done
+# The switch with a client pinning a bitmap of the source.
+for BIN in "$QK_PLAIN" "$QK_ASAN"; do
+  rm -f src.qcow2 dst.qcow2 ctl.sock nbd.sock
+  qemu-img create -q -f qcow2 src.qcow2 64M
+  qemu-img bitmap --add src.qcow2 b0
+  qemu-io -c 'write -P 0x5a 0 4M' src.qcow2 > /dev/null
+  serve_src
+  python3 - "$PWD/nbd.sock" "$BIN" "$PWD/ctl.sock" "$PWD/dst.qcow2" <<'PY' || fail "$BIN: switch with a pinned bitmap"
+import importlib.util, json, os, struct, subprocess, sys, time
+spec = importlib.util.spec_from_file_location("badclient", os.path.join(os.environ["SRC_DIR"], "tests/interop/nbd-badclient.py"))
+bc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bc)
+sock, qk, ctl, dst = sys.argv[1:5]
+run = lambda *a: subprocess.run([qk, "ctl", ctl] + list(a), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+c = bc.Conn(sock)
+c.greet()
+c.structured_replies()
+assert c.meta(b"disk", b"qemu:dirty-bitmap:b0")[-1][0] == bc.REP_ACK
+c.go("disk", structured=False, meta=False)
+c.structured = True
+c.request(bc.CMD_BS, 0, 1 << 20)
+assert c.answer()[1] == 0, "block status before the switch"
+assert run("mirror-start", "export=disk", "target=" + dst, "id=m").returncode == 0
+for _ in range(600):
+    if '"ready"' in run("query-jobs").stdout:
+        break
+    time.sleep(0.05)
+r = run("job-complete", "id=m", "switch=true", "wait=true")
+assert r.returncode == 0, r.stdout
+c.request(bc.CMD_BS, 0, 1 << 20)
+c.answer()  # an error (the target has no b0) or extents: either, as long as nothing crashes
+c.request(bc.CMD_READ, 0, 4096)
+assert c.answer()[1] == 0, "read after the switch"
+c.request(bc.CMD_DISC, 0, 0)
+assert c.closed_by_server()
+PY
+  kill -0 "$pid" || fail "$BIN: serve died after the switch"
+  stop_serve "$pid"
 done
 echo "ok"
 exit 0
