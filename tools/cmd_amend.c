@@ -152,16 +152,16 @@ static int parse_one(AmendCmd *c, char *kv)
     return 0;
 }
 
-/* A backing file option equal to what the image records changes nothing;
- * any other is rebase's job, as qemu-img says. */
 /* strcmp where NULL (not given, or none recorded) equals only NULL. */
 static bool differ0(const char *a, const char *b)
 {
     return (!a || !b) ? a != b : strcmp(a, b) != 0;
 }
 
-/* As qemu-img: the file and the format given must both be what the image
- * records (one given alone differs from a recorded other). */
+/* Backing file options equal to what the image records change nothing;
+ * any other is rebase's job, as qemu-img says. As in qemu-img, the file
+ * and the format must both match (one given alone differs from a
+ * recorded other). */
 static bool backing_differs(const AmendCmd *c)
 {
     return differ0(c->backing_file, qk_block_backing_file(c->bs)) ||
