@@ -120,6 +120,12 @@ static int coroutine_fn check_l2(Check *k, uint64_t l2off, bool active)
                     (unsigned long long)(e & ~QCOW2_OFLAG_COPIED));
                 k->res->corruptions++;
             }
+            if (s->extended_l2 && bm) {
+                /* A compressed cluster has no subclusters (-r all clears it). */
+                ck_say(k, "ERROR compressed cluster %llu with non-zero subcluster allocation bitmap, entry=0x%llx",
+                       (unsigned long long)i, (unsigned long long)e);
+                k->res->corruptions++;
+            }
             uint64_t host, len;
             qcow2_compressed_range(s, e, &host, &len);
             add_ref(k, host, len, CK_DATA);

@@ -205,6 +205,12 @@ static int coroutine_fn fix_copied(Check *k)
             uint64_t bm;
             uint64_t e = qcow2_l2_get(s, t, j, &bm);
             uint64_t d = e & QCOW2_L2E_OFFSET_MASK;
+            if ((e & QCOW2_OFLAG_COMPRESSED) && s->extended_l2 && bm) {
+                qcow2_l2_set(s, t, j, e, 0);
+                qcow2_cache_mark_dirty(s->l2_cache, t);
+                ck_say(k, "Repairing compressed cluster %llu with non-zero subcluster allocation bitmap, "
+                       "entry=0x%llx", (unsigned long long)j, (unsigned long long)e);
+            }
             if ((e & QCOW2_OFLAG_COMPRESSED) || !d) {
                 continue;
             }
