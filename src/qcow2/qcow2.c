@@ -207,7 +207,9 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
     if (!s->lazy_refcounts) {
         qcow2_cache_set_dependency(s->l2_cache, s->rb_cache);
     }
-    bs->size = s->h.size;
+    /* Whole sectors, as QEMU sees the disk (a header size that is not a
+     * multiple of 512 only comes from a damaged or hostile image). */
+    bs->size = qk_align_down(s->h.size, 512);
     bs->request_alignment = 1;
     s->file_size = flen;
     s->host_end = flen;

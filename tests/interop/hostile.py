@@ -7,6 +7,7 @@ the file changing.
 Usage: hostile.py QCOWKIT WORKDIR
 """
 import hashlib
+import json
 import os
 import random
 import struct
@@ -426,6 +427,25 @@ def run_compressed_subcluster_bits(qcowkit, work, env):
         print("     " + (chk.stdout + fix.stdout + rd.stdout + qchk.stdout).strip().replace("\n", "\n     ")[:2000])
     return 0 if ok else 1
 
+# A header size that is not a multiple of 512: the disk is its whole
+# sectors, as qemu-img sees it (info said 64M+1 and convert wrote 64M+512).
+def run_unaligned_size(qcowkit, work, base, env):
+    path, out = os.path.join(work, "odd.qcow2"), os.path.join(work, "odd.raw")
+    with open(path, "wb") as f:
+        f.write(field("Q", 24, 64 * 1024 * 1024 + 1)(bytearray(base)))
+    info = subprocess.run([qcowkit, "info", "--output=json", path], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    conv = subprocess.run([qcowkit, "convert", "-O", "raw", path, out], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    qinfo = sh(["qemu-img", "info", "--output=json", path]).stdout
+    want = json.loads(qinfo)["virtual-size"]
+    ok = (info.returncode == 0 and json.loads(info.stdout)["virtual-size"] == want and conv.returncode == 0 and
+          os.path.getsize(out) == want)
+    print("%s header size not a multiple of 512: info and convert see %d bytes" % ("ok  " if ok else "FAIL", want))
+    if not ok:
+        print("     " + (info.stdout + conv.stdout).strip().replace("\n", "\n     ")[:1500])
+    return 0 if ok else 1
+
 def main():
     qcowkit, work = sys.argv[1], sys.argv[2]
     base = make_base(work)
@@ -491,6 +511,7 @@ def main():
     fails += run_fifo_data_file(qcowkit, work, env)
     fails += run_bitmap_names_l1(qcowkit, work, env)
     fails += run_compressed_subcluster_bits(qcowkit, work, env)
+    fails += run_unaligned_size(qcowkit, work, base, env)
     ncomp, cfails = run_compressed(qcowkit, work, env)
     fails += cfails
     print("%d cases, %d failures" % (len(CASES) + len(CHECK_ONLY) + ncomp, fails))
