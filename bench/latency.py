@@ -32,9 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import suite  # noqa: E402  (image preparation, tool paths)
-
-SIZES = ((4096, "4k"), (16384, "16k"), (65536, "64k"))
-PATTERNS = (("randread", False, True), ("randwrite", True, True), ("read", False, False), ("write", True, False))
+from steady import PATTERNS, SIZES, random_step  # noqa: E402  (the matrix's rows, at depth 1)
 SYSTEMS = ("qcowkit io", "qemu-io native", "qemu-io io_uring", "qcowkit bench", "fio")
 RATE = re.compile(r" and ([0-9.]+) ops/sec\)")
 
@@ -68,7 +66,7 @@ def run_bench(size, write, random_order, count, img):
     cmd = [suite.QCOWKIT, "bench", "-f", "qcow2", "-c", str(count), "-d", "1", "-s", str(size),
            "-t", "none", "-n", "--output=json"]
     if random_order:
-        cmd += ["-S", str(size * ((165900288 // size) | 1))]
+        cmd += ["-S", str(random_step(size))]
     if write:
         cmd += ["-w"]
     out = suite.must(cmd + [img])

@@ -33,6 +33,13 @@ DEPTHS = (1, 8, 32, 128)
 PATTERNS = (("randread", False, True), ("randwrite", True, True), ("read", False, False), ("write", True, False))
 
 
+def random_step(size):
+    """qemu-img bench's -S for random rows: an odd number of blocks, prime
+    to the image's power-of-two block count, so the requests visit every
+    block; under 2 GiB."""
+    return size * ((165900288 // size) | 1)
+
+
 def device_of(path):
     """The whole-disk block device holding path (e.g. vda), or None."""
     st = os.stat(path)
@@ -95,9 +102,7 @@ def main():
                     w = dict(count=count_for(size, depth, a.quick), depth=depth, size=size, write=write,
                              random=random, cache="none", image=suite.GIB)
                     if random:
-                        # An odd number of blocks: prime to the image's power-of-two
-                        # block count, so the requests visit every block; under 2 GiB.
-                        w["step"] = size * ((165900288 // size) | 1)
+                        w["step"] = random_step(size)
                     systems = ("qcowkit", "qcowkit plain", "qemu-img native", "qemu-img io_uring", "fio",
                                "qcowkit raw")
                     iops = {s: [] for s in systems}
