@@ -54,7 +54,7 @@ void qcow2_bitmap_dir_layout(const Qcow2BmEntry *e, uint32_t n, uint8_t *buf)
 
 /* Parses dir (len bytes, n entries); -QK_ECORRUPT when an entry does not
  * fit or breaks the format's rules for the layout. */
-static int parse(Qcow2BmDir *d, const uint8_t *dir, uint64_t len, uint32_t n)
+static int parse(Qcow2BmDir *d, const uint8_t *dir, uint64_t len, uint32_t n, const char **why)
 {
     d->e = calloc(n ? n : 1, sizeof(*d->e));
     if (!d->e) {
@@ -70,6 +70,12 @@ static int parse(Qcow2BmDir *d, const uint8_t *dir, uint64_t len, uint32_t n)
         uint32_t extra = qk_be32_get(dir + p + 20);
         uint64_t name_at = p + BME_FIXED + extra;
         if (name_len == 0 || name_len > MAX_NAME || extra > len || name_at + name_len > len) {
+            return -QK_ECORRUPT;
+        }
+        /* Names are C strings everywhere else: one cut short at a NUL
+         * would be stored back shorter, even empty. */
+        if (memchr(dir + name_at, 0, name_len)) {
+            *why = "a bitmap name contains a NUL byte";
             return -QK_ECORRUPT;
         }
         e->table_off = qk_be64_get(dir + p);
@@ -92,14 +98,21 @@ static int parse(Qcow2BmDir *d, const uint8_t *dir, uint64_t len, uint32_t n)
     return 0;
 }
 
-int coroutine_fn qcow2_bitmap_dir_read(Qcow2State *s, Qcow2BmDir *d)
+int coroutine_fn qcow2_bitmap_dir_read(Qcow2State *s, Qcow2BmDir *d, const char **why)
 {
     memset(d, 0, sizeof(*d));
+    *why = NULL;
     for (Qcow2Ext *x = s->exts; x; x = x->next) {
         if (x->type != QCOW2_EXT_BITMAPS) {
             continue;
         }
-        if (x->len < 24) {
+        /* QEMU's words: it refuses both at open. */
+        if (x->len != 24) {
+            *why = "bitmaps_ext: Invalid extension length";
+            return -QK_ECORRUPT;
+        }
+        if (qk_be32_get(x->data + 4) != 0) {
+            *why = "bitmaps_ext: Reserved field is not zero";
             return -QK_ECORRUPT;
         }
         uint32_t n = qk_be32_get(x->data);
@@ -114,7 +127,7 @@ int coroutine_fn qcow2_bitmap_dir_read(Qcow2State *s, Qcow2BmDir *d)
         }
         int r = qk_co_pread(s->bs->file, off, len, dir, 0);
         if (r == 0) {
-            r = parse(d, dir, len, n);
+            r = parse(d, dir, len, n, why);
         }
         free(dir);
         if (r < 0) {
@@ -147,7 +160,8 @@ int coroutine_fn qcow2_bitmaps_load_list(Qcow2State *s)
         return 0;
     }
     Qcow2BmDir d;
-    int r = qcow2_bitmap_dir_read(s, &d);
+    const char *why;
+    int r = qcow2_bitmap_dir_read(s, &d, &why);
     if (r < 0 || d.n == 0) {
         return r;
     }

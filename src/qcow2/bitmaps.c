@@ -247,10 +247,11 @@ int coroutine_fn qcow2_bitmaps_open(QkBlock *bs, QkError *err)
         return 0;
     }
     Qcow2BmDir *d = &s->bm_disk;
-    int r = qcow2_bitmap_dir_read(s, d);
+    const char *why;
+    int r = qcow2_bitmap_dir_read(s, d, &why);
     if (r == -QK_ECORRUPT) {
-        return qk_error_corrupt(err, "the bitmap directory is invalid (open read-only, or repair with check -r all "
-                                "after removing the bitmaps)");
+        return qk_error_corrupt(err, "%s (the image can be opened read-only)",
+                                why ? why : "the bitmap directory is invalid");
     }
     if (r < 0) {
         return qk_error_set_errno(err, r, "Could not read the bitmap directory");
@@ -259,7 +260,7 @@ int coroutine_fn qcow2_bitmaps_open(QkBlock *bs, QkError *err)
         const Qcow2BmEntry *e = &d->e[i];
         for (uint32_t j = 0; j < i; j++) {
             if (strcmp(d->e[j].name, e->name) == 0) {
-                r = qk_error_corrupt(err, "bitmap name '%s' appears twice", e->name);
+                r = qk_error_corrupt(err, "bitmap name '%s' appears more than once", e->name);
             }
         }
         if (r == 0) {

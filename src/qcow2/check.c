@@ -299,6 +299,38 @@ static int coroutine_fn check_snapshots(Check *k)
     return 0;
 }
 
+typedef struct BmName {
+    const char *s;
+    uint16_t len;
+} BmName;
+
+static int cmp_name(const void *a, const void *b)
+{
+    const BmName *x = a, *y = b;
+    int c = memcmp(x->s, y->s, QK_MIN(x->len, y->len));
+    return c ? c : (int)x->len - (int)y->len;
+}
+
+/* Names are the bitmaps' identity (QEMU refuses an image with two of one
+ * name); sorted, so a hostile directory of 65535 entries costs no more
+ * than n log n. Entries without a readable name are reported elsewhere. */
+static void report_duplicate_names(Check *k, BmName *names, uint32_t n)
+{
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (names[i].s && names[i].len) {
+            names[m++] = names[i];
+        }
+    }
+    qsort(names, m, sizeof(*names), cmp_name);
+    for (uint32_t i = 1; i < m; i++) {
+        if (cmp_name(&names[i - 1], &names[i]) == 0 && (i < 2 || cmp_name(&names[i - 2], &names[i]) != 0)) {
+            ck_say(k, "ERROR bitmap name '%.*s' appears more than once", (int)names[i].len, names[i].s);
+            k->res->corruptions++;
+        }
+    }
+}
+
 static int coroutine_fn check_bitmaps(Check *k)
 {
     Qcow2State *s = k->s;
@@ -306,8 +338,19 @@ static int coroutine_fn check_bitmaps(Check *k)
         return 0;
     }
     for (Qcow2Ext *e = s->exts; e; e = e->next) {
-        if (e->type != QCOW2_EXT_BITMAPS || e->len < 24) {
+        if (e->type != QCOW2_EXT_BITMAPS) {
             continue;
+        }
+        if (e->len != 24) {
+            ck_say(k, "ERROR bitmaps extension has length %u (24 expected)", e->len);
+            k->res->corruptions++;
+            if (e->len < 24) {
+                continue;
+            }
+        }
+        if (qk_be32_get(e->data + 4) != 0) {
+            ck_say(k, "ERROR bitmaps extension has a non-zero reserved field");
+            k->res->corruptions++;
         }
         uint32_t nb = qk_be32_get(e->data);
         uint64_t dsize = qk_be64_get(e->data + 8), doff = qk_be64_get(e->data + 16);
@@ -326,6 +369,12 @@ static int coroutine_fn check_bitmaps(Check *k)
         }
         uint64_t p = 0;
         uint32_t i = 0;
+        BmName *names = calloc(nb ? nb : 1, sizeof(*names));
+        if (!names) {
+            free(dir);
+            k->res->check_errors++;
+            return 0;
+        }
         for (; i < nb && p + 24 <= dsize; i++) {
             uint64_t toff = qk_be64_get(dir + p);
             uint32_t tsize = qk_be32_get(dir + p + 8);
@@ -333,6 +382,9 @@ static int coroutine_fn check_bitmaps(Check *k)
             uint8_t type = dir[p + 16], gbits = dir[p + 17];
             uint16_t name = qk_be16_get(dir + p + 18);
             uint32_t extra = qk_be32_get(dir + p + 20);
+            if (p + 24 + (uint64_t)extra + name <= dsize) {
+                names[i] = (BmName){(const char *)dir + p + 24 + extra, name};
+            }
             p += qk_align_up(24ULL + extra + name, 8);
             /* What the specification allows (an image with anything else
              * is one qemu-img will not open). */
@@ -359,6 +411,10 @@ static int coroutine_fn check_bitmaps(Check *k)
             if (name == 0) {
                 ck_say(k, "ERROR bitmap %u has no name", i);
                 k->res->corruptions++;
+            } else if (names[i].s && memchr(names[i].s, 0, name)) {
+                ck_say(k, "ERROR bitmap %u has a name with a NUL byte", i);
+                k->res->corruptions++;
+                names[i].s = NULL;
             }
             if (!ck_table_ok(k, toff, (uint64_t)tsize * 8)) {
                 ck_say(k, "ERROR bitmap table of bitmap %u is invalid", i);
@@ -385,6 +441,8 @@ static int coroutine_fn check_bitmaps(Check *k)
             k->res->corruptions++;
             k->partial = true;
         }
+        report_duplicate_names(k, names, i);
+        free(names);
         free(dir);
     }
     return 0;

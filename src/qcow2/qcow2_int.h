@@ -315,8 +315,9 @@ int qcow2_validate_header(Qcow2State *s, uint64_t file_len, bool rdwr, QkError *
 int qcow2_parse_extensions(Qcow2State *s, const uint8_t *cluster0, char **backing_fmt, QkError *err);
 void qcow2_free_extensions(Qcow2State *s);
 /* Reads the directory the bitmaps extension names (n = 0 when there is
- * none); -QK_ECORRUPT when it breaks the layout rules or QEMU's bounds. */
-int coroutine_fn qcow2_bitmap_dir_read(Qcow2State *s, Qcow2BmDir *d);
+ * none); -QK_ECORRUPT when it breaks the layout rules or QEMU's bounds,
+ * with *why set to QEMU's message where QEMU has one (else NULL). */
+int coroutine_fn qcow2_bitmap_dir_read(Qcow2State *s, Qcow2BmDir *d, const char **why);
 void qcow2_bitmap_dir_free(Qcow2BmDir *d);
 uint64_t qcow2_bitmap_entry_len(const Qcow2BmEntry *e);
 /* Writes n entries into buf (the sum of their lengths, zero padded). */

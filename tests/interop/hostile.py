@@ -446,6 +446,87 @@ def run_unaligned_size(qcowkit, work, base, env):
         print("     " + (info.stdout + conv.stdout).strip().replace("\n", "\n     ")[:1500])
     return 0 if ok else 1
 
+# Damaged bitmap directories (qemu-img refuses to open each one, except a
+# name with a NUL byte, which it shows cut short). check reports each with
+# exit 2; a read-write open is refused with the file unchanged (a NUL name
+# used to be stored back empty, a directory no reader accepts); read-only
+# use still works, since the bitmaps play no part in reading.
+def bitmap_image(work):
+    path = os.path.join(work, "bmdir.qcow2")
+    sh(["rm", "-f", path])
+    sh(["qemu-img", "create", "-q", "-f", "qcow2", path, "4M"])
+    sh(["qemu-img", "bitmap", "--add", path, "b1"])
+    sh(["qemu-img", "bitmap", "--add", path, "b2"])
+    sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x5a 0 64k", path])
+    return path, bytearray(open(path, "rb").read())
+
+def bitmap_ext(img):
+    _, _, exts = header_exts(img)
+    pos = struct.unpack_from(">I", img, 100)[0]
+    for t, d in exts:
+        if t == 0x23852875:
+            return pos
+        pos += 8 + (len(d) + 7) // 8 * 8
+    raise AssertionError("no bitmaps extension")
+
+def bitmap_entry(img, i):
+    p = struct.unpack_from(">Q", img, bitmap_ext(img) + 8 + 16)[0]
+    for _ in range(i):
+        name, extra = struct.unpack_from(">HI", img, p + 18)
+        p += (24 + extra + name + 7) // 8 * 8
+    return p
+
+def bm_set(where, fmt, val):
+    def f(img):
+        be(fmt, img, where(img), val)
+        return img
+    return f
+
+BITMAP_DAMAGE = [
+    ("two bitmaps named b1", bm_set(lambda img: bitmap_entry(img, 1) + 24 + 1, "B", ord("1")), "appears more than once", True),
+    ("extension length 32", bm_set(lambda img: bitmap_ext(img) + 4, "I", 32), "length 32", True),
+    ("extension reserved field", bm_set(lambda img: bitmap_ext(img) + 12, "I", 1), "reserved field", True),
+    ("name with a NUL byte", bm_set(lambda img: bitmap_entry(img, 0) + 24, "B", 0), "NUL byte", False),
+    ("unknown flag", bm_set(lambda img: bitmap_entry(img, 0) + 12, "I", 0xa), "unknown flags", True),
+    ("granularity bits 8", bm_set(lambda img: bitmap_entry(img, 0) + 17, "B", 8), "granularity bits 8", True),
+    ("table size 5", bm_set(lambda img: bitmap_entry(img, 0) + 8, "I", 5), "table has 5 entries", True),
+]
+
+def run_bitmap_dir_damage(qcowkit, work, env):
+    fails = 0
+    for name, mut, msg, qemu_refuses_it in BITMAP_DAMAGE:
+        path, img = bitmap_image(work)
+        img = mut(img)
+        with open(path, "wb") as f:
+            f.write(img)
+        q = sh(["qemu-img", "info", path])
+        chk = subprocess.run([qcowkit, "check", path], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        w = subprocess.run([qcowkit, "io", "-c", "write -P 0x77 0 4k", path], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+        changed = open(path, "rb").read() != img
+        rd = subprocess.run([qcowkit, "io", "-r", "-c", "read -P 0x5a 0 64k", path], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+        out = chk.stdout + w.stdout + rd.stdout
+        why = []
+        if (q.returncode != 0) != qemu_refuses_it:
+            why.append("qemu-img info exit %d (the case is not what it means to be)" % q.returncode)
+        if chk.returncode != 2 or msg not in chk.stdout:
+            why.append("check: exit %d, no %r" % (chk.returncode, msg))
+        if w.returncode != 1 or "opened read-only" not in w.stdout and "open the image read-only" not in w.stdout \
+                and "corrupt" not in w.stdout:
+            why.append("read-write open: exit %d" % w.returncode)
+        if changed:
+            why.append("file changed")
+        if rd.returncode != 0 or "read 65536/65536" not in rd.stdout:
+            why.append("read-only read failed")
+        if "Sanitizer" in out or "runtime error" in out:
+            why.append("sanitizer report")
+        print("%s bitmap directory: %-26s %s" % ("FAIL" if why else "ok  ", name, "; ".join(why)))
+        if why:
+            fails += 1
+            print("     " + out.strip().replace("\n", "\n     ")[:1500])
+    return len(BITMAP_DAMAGE), fails
+
 def main():
     qcowkit, work = sys.argv[1], sys.argv[2]
     base = make_base(work)
@@ -514,7 +595,9 @@ def main():
     fails += run_unaligned_size(qcowkit, work, base, env)
     ncomp, cfails = run_compressed(qcowkit, work, env)
     fails += cfails
-    print("%d cases, %d failures" % (len(CASES) + len(CHECK_ONLY) + ncomp, fails))
+    nbm, bfails = run_bitmap_dir_damage(qcowkit, work, env)
+    fails += bfails
+    print("%d cases, %d failures" % (len(CASES) + len(CHECK_ONLY) + ncomp + nbm, fails))
     sys.exit(1 if fails else 0)
 
 if __name__ == "__main__":
