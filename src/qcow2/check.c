@@ -259,8 +259,9 @@ static int coroutine_fn check_snapshots(Check *k)
         uint16_t id_len = qk_be16_get(fixed + 12), name_len = qk_be16_get(fixed + 14);
         uint32_t extra = qk_be32_get(fixed + 36);
         pos += qk_align_up(40ULL + extra + id_len + name_len, 8);
-        /* What opening the image refuses, as qemu-img reports it (not
-         * repaired: the references are known all the same). */
+        /* What opening the image refuses, as qemu-img reports it (-r all
+         * cuts the extra data, repair.c; the references are known all the
+         * same). */
         if (extra > QCOW2_SN_MAX_EXTRA) {
             ck_say(k, "ERROR Too much extra metadata in snapshot table entry %u (%u > %u)", i, extra,
                    QCOW2_SN_MAX_EXTRA);

@@ -14,6 +14,7 @@
  * and OFLAG_COPIED is written after the refcounts it describes.
  */
 #include "qcow2/check_int.h"
+#include "qcow2/snapshot_int.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -299,6 +300,35 @@ static int coroutine_fn repair(Check *k, int fix, QkError *err)
     return 0;
 }
 
+/* Snapshot entries with more extra data than QEMU's limit make every
+ * open refuse the table. -r all keeps the first bytes of it, as qemu-img
+ * does, and writes the table anew (new clusters durable before the header
+ * names them, the old ones freed last). It runs after the refcounts are
+ * right, since writing the table allocates. */
+static int coroutine_fn fix_snapshot_extra(Check *k, QkError *err)
+{
+    Qcow2State *s = k->s;
+    Qcow2Snapshot *sn;
+    uint32_t n, capped;
+    QkError e2 = {0};
+    if (qcow2_snapshots_read_capped(s, &sn, &n, NULL, &capped, &e2) < 0) {
+        qk_error_clear(&e2);
+        return 0; /* damaged otherwise: check reports what it finds */
+    }
+    int r = 0;
+    if (capped) {
+        for (uint32_t i = 0; i < n; i++) {
+            if (sn[i].extra_dropped) {
+                ck_say(k, "Discarding too much extra metadata in snapshot table entry %u (%u > %u)", i,
+                       sn[i].extra_dropped, QCOW2_SN_MAX_EXTRA);
+            }
+        }
+        r = qcow2_snapshots_write(s, sn, n, err);
+    }
+    qcow2_snapshots_free(sn, n);
+    return r;
+}
+
 /* Like qemu: a repaired image with nothing left wrong is marked clean and
  * consistent again. */
 static int coroutine_fn mark_clean(Check *k, const QkCheckResult *res)
@@ -345,6 +375,9 @@ int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err)
         k->report = report;
         k->opaque = opaque;
         r = repair(k, fix, err);
+        if (r == 0 && (fix & QK_CHECK_FIX_ERRORS)) {
+            r = fix_snapshot_extra(k, err);
+        }
         if (r < 0) {
             return r;
         }

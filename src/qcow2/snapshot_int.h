@@ -38,6 +38,7 @@ typedef struct Qcow2Snapshot {
     int64_t icount;              /* -1: not recorded */
     uint8_t *extra_unknown;      /* extra data past the fields we know, kept */
     uint32_t extra_unknown_len;
+    uint32_t extra_dropped;      /* capped read: extra bytes on disk, when cut to the limit */
 } Qcow2Snapshot;
 
 /* snapshot_table.c */
@@ -45,6 +46,11 @@ typedef struct Qcow2Snapshot {
  * not NULL) gets its length in bytes on disk. */
 int coroutine_fn qcow2_snapshots_read(Qcow2State *s, Qcow2Snapshot **out, uint32_t *n, uint64_t *table_len,
                                       QkError *err);
+/* The same, except that an entry with more extra data than QEMU's limit
+ * is read with its extra data cut to the limit (extra_dropped set), as
+ * check -r all keeps it; *capped counts such entries. */
+int coroutine_fn qcow2_snapshots_read_capped(Qcow2State *s, Qcow2Snapshot **out, uint32_t *n, uint64_t *table_len,
+                                             uint32_t *capped, QkError *err);
 void qcow2_snapshots_free(Qcow2Snapshot *sn, uint32_t n);
 /* Writes sn[0..n) to new clusters, makes the header point at them, then
  * frees the old table. A crash leaves the old or the new table, never a

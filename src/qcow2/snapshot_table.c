@@ -57,8 +57,8 @@ static int parse_entry(Qcow2State *s, const uint8_t *fixed, const uint8_t *var, 
     return sn->id && sn->name ? 0 : -ENOMEM;
 }
 
-int coroutine_fn qcow2_snapshots_read(Qcow2State *s, Qcow2Snapshot **out, uint32_t *n, uint64_t *table_len,
-                                      QkError *err)
+static int coroutine_fn read_table(Qcow2State *s, Qcow2Snapshot **out, uint32_t *n, uint64_t *table_len,
+                                   uint32_t *capped, QkError *err)
 {
     *out = NULL;
     *n = 0;
@@ -97,12 +97,12 @@ int coroutine_fn qcow2_snapshots_read(Qcow2State *s, Qcow2Snapshot **out, uint32
             break;
         }
         uint16_t id_len = qk_be16_get(fixed + 12), name_len = qk_be16_get(fixed + 14);
-        uint32_t extra = qk_be32_get(fixed + 36);
-        if (extra > QCOW2_SN_MAX_EXTRA) {
+        uint32_t extra = qk_be32_get(fixed + 36), disk_extra = extra;
+        if (extra > QCOW2_SN_MAX_EXTRA && !capped) {
             r = qk_error_corrupt(err, "snapshot %u has too much extra data (%u bytes)", i, extra);
             break;
         }
-        uint64_t var_len = (uint64_t)extra + id_len + name_len;
+        uint64_t var_len = (uint64_t)disk_extra + id_len + name_len;
         uint64_t ent_len = qk_align_up(QCOW2_SN_FIXED_LEN + var_len, 8);
         /* The last entry's padding need not be in the file: qemu-img ends
          * a table at the end of the file right after the last name. */
@@ -111,12 +111,21 @@ int coroutine_fn qcow2_snapshots_read(Qcow2State *s, Qcow2Snapshot **out, uint32
             r = qk_error_corrupt(err, "snapshot table is truncated or too large");
             break;
         }
-        if (var_len) {
-            r = qk_co_pread(s->bs->file, pos + QCOW2_SN_FIXED_LEN, var_len, var, 0);
-            if (r < 0) {
-                qk_error_set_errno(err, r, "Could not read the snapshot table");
-                break;
+        if (extra > QCOW2_SN_MAX_EXTRA) {
+            /* The first bytes are kept; the id and name follow all of them. */
+            extra = QCOW2_SN_MAX_EXTRA;
+            sn[i].extra_dropped = disk_extra;
+            (*capped)++;
+            r = qk_co_pread(s->bs->file, pos + QCOW2_SN_FIXED_LEN, extra, var, 0);
+            if (r == 0 && id_len + name_len) {
+                r = qk_co_pread(s->bs->file, pos + QCOW2_SN_FIXED_LEN + disk_extra, id_len + name_len, var + extra, 0);
             }
+        } else if (var_len) {
+            r = qk_co_pread(s->bs->file, pos + QCOW2_SN_FIXED_LEN, var_len, var, 0);
+        }
+        if (r < 0) {
+            qk_error_set_errno(err, r, "Could not read the snapshot table");
+            break;
         }
         r = parse_entry(s, fixed, var, &sn[i], extra, id_len, name_len);
         if (r < 0) {
@@ -153,6 +162,19 @@ int coroutine_fn qcow2_snapshots_read(Qcow2State *s, Qcow2Snapshot **out, uint32
         *table_len = pos - off;
     }
     return 0;
+}
+
+int coroutine_fn qcow2_snapshots_read(Qcow2State *s, Qcow2Snapshot **out, uint32_t *n, uint64_t *table_len,
+                                      QkError *err)
+{
+    return read_table(s, out, n, table_len, NULL, err);
+}
+
+int coroutine_fn qcow2_snapshots_read_capped(Qcow2State *s, Qcow2Snapshot **out, uint32_t *n, uint64_t *table_len,
+                                             uint32_t *capped, QkError *err)
+{
+    *capped = 0;
+    return read_table(s, out, n, table_len, capped, err);
 }
 
 static uint32_t extra_len(const Qcow2Snapshot *sn)
@@ -241,8 +263,9 @@ int coroutine_fn qcow2_snapshots_write(Qcow2State *s, const Qcow2Snapshot *sn, u
         Qcow2Snapshot *old;
         uint32_t on;
         QkError e2 = {0};
+        uint32_t capped;
         /* Unreadable old table: leak it rather than fail the update. */
-        if (qcow2_snapshots_read(s, &old, &on, &old_len, &e2) == 0) {
+        if (qcow2_snapshots_read_capped(s, &old, &on, &old_len, &capped, &e2) == 0) {
             qcow2_snapshots_free(old, on);
         }
     }

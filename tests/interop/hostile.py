@@ -527,6 +527,65 @@ def run_bitmap_dir_damage(qcowkit, work, env):
             print("     " + out.strip().replace("\n", "\n     ")[:1500])
     return len(BITMAP_DAMAGE), fails
 
+# A snapshot entry with 2000 bytes of extra data (QEMU's limit is 1024):
+# every open of the table refuses it; check -r all keeps the first 1024
+# bytes, as qemu-img's does, and the repaired table is byte for byte
+# qemu-img's, with the snapshot's data intact (check -r all used to leave
+# it, exit 2).
+def run_snapshot_extra(qcowkit, work, env):
+    path = os.path.join(work, "snx.qcow2")
+    sh(["rm", "-f", path])
+    sh(["qemu-img", "create", "-q", "-f", "qcow2", path, "4M"])
+    sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x11 0 64k", path])
+    sh(["qemu-img", "snapshot", "-c", "s1", path])
+    sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x22 0 64k", path])
+    img = bytearray(open(path, "rb").read())
+    sn = struct.unpack_from(">Q", img, 64)[0]
+    id_len, name_len = struct.unpack_from(">HH", img, sn + 12)
+    extra = struct.unpack_from(">I", img, sn + 36)[0]
+    names = bytes(img[sn + 40 + extra:sn + 40 + extra + id_len + name_len])
+    big = bytes(img[sn + 40:sn + 40 + extra]) + bytes(i % 251 for i in range(2000 - extra))
+    entry = bytearray(img[sn:sn + 40]) + big + names
+    be("I", entry, 36, 2000)
+    entry += bytes(-len(entry) % 8)
+    img[sn:sn + len(entry)] = entry  # the table's one cluster holds it
+    open(path, "wb").write(img)
+    qpath = os.path.join(work, "snx-q.qcow2")
+    open(qpath, "wb").write(img)
+    info = subprocess.run([qcowkit, "snapshot", "-l", path], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    chk = subprocess.run([qcowkit, "check", path], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    fix = subprocess.run([qcowkit, "check", "-r", "all", path], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    qfix = sh(["qemu-img", "check", "-r", "all", qpath])
+    def table(p):
+        b = open(p, "rb").read()
+        o = struct.unpack_from(">Q", b, 64)[0]
+        e = struct.unpack_from(">I", b, o + 36)[0]
+        il, nl = struct.unpack_from(">HH", b, o + 12)
+        return b[o:o + 40 + e + il + nl]
+    qchk = sh(["qemu-img", "check", path])
+    sh(["qemu-img", "snapshot", "-a", "s1", path])
+    rd = sh(["qemu-io", "-r", "-f", "qcow2", "-c", "read -P 0x11 0 64k", path])
+    why = []
+    if info.returncode != 1 or "too much extra data" not in info.stdout:
+        why.append("snapshot -l: exit %d" % info.returncode)
+    if chk.returncode != 2 or "Too much extra metadata in snapshot table entry 0 (2000 > 1024)" not in chk.stdout:
+        why.append("check: exit %d" % chk.returncode)
+    if fix.returncode != 0 or "Discarding too much extra metadata in snapshot table entry 0" not in fix.stdout:
+        why.append("check -r all: exit %d" % fix.returncode)
+    if qfix.returncode != 0 or table(path) != table(qpath):
+        why.append("the repaired table differs from qemu-img's")
+    if qchk.returncode != 0 or rd.returncode != 0 or "verification failed" in rd.stdout:
+        why.append("qemu-img check exit %d, snapshot data %r" % (qchk.returncode, rd.stdout.strip()[:100]))
+    out = info.stdout + chk.stdout + fix.stdout
+    if "Sanitizer" in out or "runtime error" in out:
+        why.append("sanitizer report")
+    print("%s snapshot entry with 2000 bytes of extra data: check -r all %s" % ("FAIL" if why else "ok  ", "; ".join(why)))
+    if why:
+        print("     " + out.strip().replace("\n", "\n     ")[:2000])
+    return 1 if why else 0
+
 def main():
     qcowkit, work = sys.argv[1], sys.argv[2]
     base = make_base(work)
@@ -593,6 +652,7 @@ def main():
     fails += run_bitmap_names_l1(qcowkit, work, env)
     fails += run_compressed_subcluster_bits(qcowkit, work, env)
     fails += run_unaligned_size(qcowkit, work, base, env)
+    fails += run_snapshot_extra(qcowkit, work, env)
     ncomp, cfails = run_compressed(qcowkit, work, env)
     fails += cfails
     nbm, bfails = run_bitmap_dir_damage(qcowkit, work, env)
