@@ -236,14 +236,19 @@ static int run(int argc, char **argv)
             ret = 1;
             break;
         }
-        char *full = info.backing_file ? qk_block_backing_path(name, info.backing_file) : NULL;
+        /* The next layer's name; names with a protocol prefix are shown
+         * as recorded, as qemu-img shows them. */
+        char *next = info.backing_file ? qk_block_backing_path(name, info.backing_file) : NULL;
+        bool prefixed = info.backing_file && (strncmp(info.backing_file, "json:", 5) == 0 ||
+                                              strncmp(info.backing_file, "file:", 5) == 0);
+        char *full = prefixed ? strdup(info.backing_file) : NULL;
         if (json) {
-            json_array_append_new(list, to_json(name, &info, full, &sl));
+            json_array_append_new(list, to_json(name, &info, full ? full : next, &sl));
         } else {
             if (depth > 0) {
                 printf("\n");
             }
-            print_human(name, &info, full, &sl);
+            print_human(name, &info, full ? full : next, &sl);
         }
         qk_snapshot_list_free(sl.l, sl.n);
         /* The next layer is opened with the format this one records. */
@@ -251,9 +256,10 @@ static int run(int argc, char **argv)
         layer_fmt = info.backing_format ? strdup(info.backing_format) : NULL;
         qk_block_close(bs);
         free(name);
-        name = chain ? full : NULL;
+        free(full);
+        name = chain ? next : NULL;
         if (!chain) {
-            free(full);
+            free(next);
         }
     }
 done:

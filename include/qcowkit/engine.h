@@ -306,8 +306,11 @@ bool qk_block_is_rbd_name(const char *filename);
 /* Either of those: a name that is no host file (never stat it). */
 bool qk_block_is_remote(const char *filename);
 /* The path to open for the backing file name an image records, resolved
- * as QEMU does (relative to the image's directory unless absolute or a
- * URL). NULL when out of memory; free() the result. */
+ * as QEMU does (relative to the image's directory unless absolute, a URL,
+ * "file:PATH" or a json: description of a local file, whose paths are
+ * relative to the current directory). A json: name qcowkit cannot read is
+ * returned as it is (opening it says why). NULL when out of memory;
+ * free() the result. */
 char *qk_block_backing_path(const char *image, const char *backing);
 
 /* Opening and closing: the qk_co_ forms run in a coroutine, the plain

@@ -309,25 +309,6 @@ static const QkBlockDriver *probe(QkBlock *file)
     return best;
 }
 
-char *qk_block_backing_path(const char *image, const char *backing)
-{
-    if (backing[0] == '/' || strstr(backing, "://") || strncmp(backing, "nbd:", 4) == 0 ||
-        qk_block_is_rbd_name(backing)) {
-        return strdup(backing);
-    }
-    const char *slash = strrchr(image, '/');
-    if (!slash) {
-        return strdup(backing);
-    }
-    size_t dlen = (size_t)(slash - image) + 1;
-    char *p = malloc(dlen + strlen(backing) + 1);
-    if (p) {
-        memcpy(p, image, dlen);
-        strcpy(p + dlen, backing);
-    }
-    return p;
-}
-
 /* Images in a chain at most, the top included (QEMU has no fixed cap; a
  * hostile chain of thousands of files would hold as many descriptors). */
 #define MAX_CHAIN 64
@@ -422,13 +403,17 @@ static QkBlock *coroutine_fn open_depth(const char *filename, const QkOpenOption
         return NULL;
     }
     if (bs->backing_file && !(opts->flags & QK_OPEN_NO_BACKING)) {
-        char *path = qk_block_backing_path(filename, bs->backing_file);
+        char *path = NULL, *json_fmt = NULL;
         QkOpenOptions bo = *opts;
         /* Backing files are read-only and never written through. */
         bo.flags &= ~QK_OPEN_RDWR;
-        bo.format = bs->backing_format;
         QkError berr = {0};
-        bs->backing = path ? open_depth(path, &bo, depth + 1, &me, &berr) : NULL;
+        if (qk_block_backing_resolve(filename, bs->backing_file, &path, &json_fmt, &berr) == 0) {
+            /* The header's format wins over a json: name's, as in QEMU. */
+            bo.format = bs->backing_format ? bs->backing_format : json_fmt;
+            bs->backing = open_depth(path, &bo, depth + 1, &me, &berr);
+        }
+        free(json_fmt);
         if (!bs->backing && berr.code == -ELOOP) {
             /* Said once, not under one prefix per level. */
             qk_error_set(err, berr.code, "%s", berr.msg);

@@ -178,6 +178,11 @@ int coroutine_fn qk_co_protocol_create(const char *filename, const QkCreateOptio
  * RBD image), with no format node above it. */
 QkBlock *coroutine_fn qk_co_protocol_open(const char *filename, int flags, QkError *err);
 
+/* backing_name.c: the name to open for the backing file name BACKING of
+ * IMAGE, and (json: names only, else NULL) the format it names; -ENOTSUP
+ * or -EINVAL with the reason for a json: name qcowkit cannot follow. */
+int qk_block_backing_resolve(const char *image, const char *backing, char **path, char **format, QkError *err);
+
 /* Opens a protocol node (host file) directly. */
 QkBlock *coroutine_fn qk_co_file_open(const char *filename, int flags, QkError *err);
 /* Takes the image lock of a host-file node (file_lock.h's permissions);
