@@ -15,6 +15,7 @@ static const char usage[] =
     "                     [,cache-size=SIZE]\n"
     "                     [--export ...] [--socket PATH | --bind ADDR [--port N]]\n"
     "                     [--control PATH] [--pidfile FILE] [--max-in-flight N]\n"
+    "                     [--handshake-limit N]\n"
     "\n"
     "Exports images over NBD (fixed newstyle, structured replies, base:allocation)\n"
     "until SIGTERM/SIGINT or the control command \"quit\". Clients reach an export\n"
@@ -29,7 +30,9 @@ static const char usage[] =
     "  --port N           TCP port\n"
     "  --control PATH     JSON control socket (unix)\n"
     "  --pidfile FILE     write the process id once listening\n"
-    "  --max-in-flight N  requests in flight per client (default 64)\n";
+    "  --max-in-flight N  requests in flight per client (default 64)\n"
+    "  --handshake-limit N  seconds a client may take to negotiate before it is\n"
+    "                     disconnected (default 10; 0: no limit)\n";
 
 static int run(int argc, char **argv)
 {
@@ -41,6 +44,7 @@ static int run(int argc, char **argv)
         {"control", required_argument, NULL, 'c'},
         {"pidfile", required_argument, NULL, 'P'},
         {"max-in-flight", required_argument, NULL, 'm'},
+        {"handshake-limit", required_argument, NULL, 'H'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -53,7 +57,7 @@ static int run(int argc, char **argv)
     }
     optind = 1;
     int c;
-    while ((c = getopt_long(argc, argv, "e:s:b:p:c:P:m:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "e:s:b:p:c:P:m:H:h", opts, NULL)) != -1) {
         switch (c) {
         case 'e': {
             QkError err = {0};
@@ -77,6 +81,16 @@ static int run(int argc, char **argv)
                 goto out;
             }
             cfg.max_in_flight = (unsigned)v;
+            break;
+        }
+        case 'H': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (!*optarg || *end || v < 0 || v > 86400) {
+                qk_tool_error("Invalid --handshake-limit '%s' (0 to 86400 seconds)", optarg);
+                goto out;
+            }
+            cfg.handshake_limit = v ? (int)v : -1;
             break;
         }
         case 'h':

@@ -682,6 +682,7 @@ typedef struct QkDaemonConfig {
     const char *control_path;  /* JSON control socket; NULL: none */
     const char *pidfile;       /* written once everything listens */
     unsigned max_in_flight;    /* per NBD client; 0: default */
+    int handshake_limit;       /* seconds for a client's handshake; 0: default (10), < 0: none */
 } QkDaemonConfig;
 
 /* Runs until SIGTERM/SIGINT or the "quit" command, then shuts down

@@ -184,7 +184,7 @@ int qk_daemon_run(const QkDaemonConfig *cfg, QkError *err)
     QkDaemon d = {.cfg = cfg, .err = err, .sigfd = -1};
     qk_co_queue_init(&d.wake);
     d.sigfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
-    QkNbdServerOptions so = {.max_in_flight = cfg->max_in_flight};
+    QkNbdServerOptions so = {.max_in_flight = cfg->max_in_flight, .handshake_limit_s = cfg->handshake_limit};
     d.srv = qk_nbd_server_new(&so);
     if (d.sigfd < 0 || !d.srv) {
         int e = d.sigfd < 0 ? -errno : -ENOMEM;

@@ -7,6 +7,7 @@
  */
 #include "nbd/proto.h"
 #include "nbd/server_int.h"
+#include "aio/loop.h"
 #include "block/dirty_bitmap.h"
 
 #include <errno.h>
@@ -27,7 +28,7 @@ static int coroutine_fn opt_reply(QkNbdClient *c, uint32_t opt, uint32_t type,
     qk_be32_put(h + 12, type);
     qk_be32_put(h + 16, len);
     struct iovec iov[2] = {{h, sizeof(h)}, {(void *)data, len}};
-    return qk_co_sock_writev(c->fd, iov, len ? 2 : 1);
+    return qk_co_sock_writev_until(c->fd, iov, len ? 2 : 1, c->rd->deadline_ns);
 }
 
 static int coroutine_fn opt_error(QkNbdClient *c, uint32_t opt, uint32_t type, const char *msg)
@@ -140,7 +141,7 @@ static int coroutine_fn opt_export_name(QkNbdClient *c, const uint8_t *data, uin
     qk_be16_put(buf + 8, qk_nbd_export_flags(exp, c->structured));
     attach(c, exp);
     keep_contexts_of(c, (const char *)data, len);
-    int r = qk_co_sock_write(c->fd, buf, c->no_zeroes ? 10 : sizeof(buf));
+    int r = qk_co_sock_write_until(c->fd, buf, c->no_zeroes ? 10 : sizeof(buf), c->rd->deadline_ns);
     return r < 0 ? r : 1;
 }
 
@@ -331,13 +332,13 @@ static int coroutine_fn opt_meta(QkNbdClient *c, uint32_t opt, const uint8_t *da
     return r < 0 ? r : opt_reply(c, opt, NBD_REP_ACK, NULL, 0);
 }
 
-int coroutine_fn qk_nbd_handshake(QkNbdClient *c)
+static int coroutine_fn haggle(QkNbdClient *c)
 {
     uint8_t greet[18];
     qk_be64_put(greet, NBD_MAGIC);
     qk_be64_put(greet + 8, NBD_OPTS_MAGIC);
     qk_be16_put(greet + 16, NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES);
-    int r = qk_co_sock_write(c->fd, greet, sizeof(greet));
+    int r = qk_co_sock_write_until(c->fd, greet, sizeof(greet), c->rd->deadline_ns);
     if (r < 0) {
         return r;
     }
@@ -354,6 +355,10 @@ int coroutine_fn qk_nbd_handshake(QkNbdClient *c)
 
     for (;;) {
         uint8_t h[16];
+        /* Also for a client whose options never make us wait. */
+        if (c->rd->deadline_ns && qk_clock_ns() >= c->rd->deadline_ns) {
+            return -ETIMEDOUT;
+        }
         r = qk_co_sock_read(c->rd, h, sizeof(h));
         if (r < 0) {
             return r;
@@ -434,4 +439,16 @@ int coroutine_fn qk_nbd_handshake(QkNbdClient *c)
             return r;
         }
     }
+}
+
+int coroutine_fn qk_nbd_handshake(QkNbdClient *c)
+{
+    /* A client that connects and then stalls (or never reads our
+     * replies) would hold its socket and coroutine forever: the whole
+     * haggling has a time limit, as qemu-nbd's --handshake-limit. */
+    int64_t limit = c->srv->handshake_limit_ns;
+    c->rd->deadline_ns = limit ? qk_clock_ns() + limit : 0;
+    int r = haggle(c);
+    c->rd->deadline_ns = 0;
+    return r;
 }

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #define DEFAULT_MAX_IN_FLIGHT 64
+#define DEFAULT_HANDSHAKE_LIMIT_S 10 /* qemu-nbd's default */
 #define SHUTDOWN_GRACE_NS (5LL * 1000 * 1000 * 1000)
 
 QkNbdServer *qk_nbd_server_new(const QkNbdServerOptions *opts)
@@ -31,6 +32,8 @@ QkNbdServer *qk_nbd_server_new(const QkNbdServerOptions *opts)
         return NULL;
     }
     srv->max_in_flight = opts && opts->max_in_flight ? opts->max_in_flight : DEFAULT_MAX_IN_FLIGHT;
+    int limit = opts && opts->handshake_limit_s ? opts->handshake_limit_s : DEFAULT_HANDSHAKE_LIMIT_S;
+    srv->handshake_limit_ns = limit > 0 ? limit * 1000000000LL : 0;
     qk_co_queue_init(&srv->clients_gone);
     qk_co_queue_init(&srv->accept_done);
     return srv;

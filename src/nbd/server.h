@@ -33,6 +33,7 @@ typedef struct QkNbdExport {
 
 typedef struct QkNbdServerOptions {
     unsigned max_in_flight;     /* per client; 0: default (64) */
+    int handshake_limit_s;      /* a client's whole handshake; 0: default (10), < 0: none */
 } QkNbdServerOptions;
 
 QkNbdServer *qk_nbd_server_new(const QkNbdServerOptions *opts);

@@ -46,6 +46,7 @@ typedef struct QkNbdListener {
 
 struct QkNbdServer {
     unsigned max_in_flight;
+    int64_t handshake_limit_ns; /* 0: none */
     QkNbdExport *exports;       /* in the order added */
     QkNbdClient *clients;
     unsigned nclients;

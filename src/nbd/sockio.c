@@ -24,7 +24,22 @@ int qk_sock_set_nonblock(int fd)
     return 0;
 }
 
+/* Waits for fd to become ready, until deadline_ns (0: forever). */
+static int coroutine_fn wait_until(int fd, int events, int64_t deadline_ns)
+{
+    if (!deadline_ns) {
+        return qk_co_wait_fd(fd, events, -1);
+    }
+    int64_t left = deadline_ns - qk_clock_ns();
+    return left > 0 ? qk_co_wait_fd(fd, events, left) : -ETIMEDOUT;
+}
+
 int coroutine_fn qk_co_sock_writev(int fd, struct iovec *iov, int iovcnt)
+{
+    return qk_co_sock_writev_until(fd, iov, iovcnt, 0);
+}
+
+int coroutine_fn qk_co_sock_writev_until(int fd, struct iovec *iov, int iovcnt, int64_t deadline_ns)
 {
     while (iovcnt > 0) {
         struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
@@ -34,7 +49,7 @@ int coroutine_fn qk_co_sock_writev(int fd, struct iovec *iov, int iovcnt)
                 continue;
             }
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                int r = qk_co_wait_fd(fd, POLLOUT, -1);
+                int r = wait_until(fd, POLLOUT, deadline_ns);
                 if (r < 0) {
                     return r;
                 }
@@ -58,18 +73,24 @@ int coroutine_fn qk_co_sock_writev(int fd, struct iovec *iov, int iovcnt)
 
 int coroutine_fn qk_co_sock_write(int fd, const void *buf, size_t len)
 {
+    return qk_co_sock_write_until(fd, buf, len, 0);
+}
+
+int coroutine_fn qk_co_sock_write_until(int fd, const void *buf, size_t len, int64_t deadline_ns)
+{
     struct iovec iov = {(void *)buf, len};
-    return qk_co_sock_writev(fd, &iov, 1);
+    return qk_co_sock_writev_until(fd, &iov, 1, deadline_ns);
 }
 
 void qk_sock_reader_init(QkSockReader *r, int fd)
 {
     r->fd = fd;
+    r->deadline_ns = 0;
     r->start = r->end = 0;
 }
 
 /* One recv into dst; waits when nothing is there. Returns bytes (>0). */
-static ssize_t coroutine_fn recv_some(int fd, void *dst, size_t len)
+static ssize_t coroutine_fn recv_some(int fd, void *dst, size_t len, int64_t deadline_ns)
 {
     for (;;) {
         ssize_t n = recv(fd, dst, len, 0);
@@ -85,7 +106,7 @@ static ssize_t coroutine_fn recv_some(int fd, void *dst, size_t len)
         if (errno != EAGAIN && errno != EWOULDBLOCK) {
             return -errno;
         }
-        int r = qk_co_wait_fd(fd, POLLIN, -1);
+        int r = wait_until(fd, POLLIN, deadline_ns);
         if (r < 0) {
             return r;
         }
@@ -108,7 +129,7 @@ int coroutine_fn qk_co_sock_read(QkSockReader *r, void *dst, size_t len)
         /* Large payloads go straight to their destination; small reads
          * refill the buffer so following headers come for free. */
         if (len >= sizeof(r->buf) / 2) {
-            ssize_t n = recv_some(r->fd, out, len);
+            ssize_t n = recv_some(r->fd, out, len, r->deadline_ns);
             if (n < 0) {
                 return (int)n;
             }
@@ -116,7 +137,7 @@ int coroutine_fn qk_co_sock_read(QkSockReader *r, void *dst, size_t len)
             len -= (size_t)n;
             continue;
         }
-        ssize_t n = recv_some(r->fd, r->buf, sizeof(r->buf));
+        ssize_t n = recv_some(r->fd, r->buf, sizeof(r->buf), r->deadline_ns);
         if (n < 0) {
             return (int)n;
         }

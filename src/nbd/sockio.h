@@ -22,11 +22,16 @@ int qk_sock_set_nonblock(int fd);
  * (-EPIPE/-ECONNRESET when the peer went away). Never raises SIGPIPE. */
 int coroutine_fn qk_co_sock_writev(int fd, struct iovec *iov, int iovcnt);
 int coroutine_fn qk_co_sock_write(int fd, const void *buf, size_t len);
+/* The same, failing with -ETIMEDOUT once qk_clock_ns() passes deadline_ns
+ * (0: no deadline). */
+int coroutine_fn qk_co_sock_writev_until(int fd, struct iovec *iov, int iovcnt, int64_t deadline_ns);
+int coroutine_fn qk_co_sock_write_until(int fd, const void *buf, size_t len, int64_t deadline_ns);
 
 #define QK_SOCK_READER_BUF (64 * 1024)
 
 typedef struct QkSockReader {
     int fd;
+    int64_t deadline_ns;           /* reads fail with -ETIMEDOUT after it; 0: never */
     size_t start, end;             /* unread bytes are buf[start, end) */
     uint8_t buf[QK_SOCK_READER_BUF];
 } QkSockReader;
