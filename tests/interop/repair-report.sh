@@ -6,8 +6,9 @@
 #  - a leak (refcount raised), an OFLAG_COPIED flag cleared, both at once:
 #    -r leaks fixes the flag too once the refcounts are right, as qemu-img
 #    does, and reports each mismatch before repairing it;
-#  - two in-use clusters with refcount 0: every one is named, then the
-#    structure is rebuilt (-r all) or refused (-r leaks);
+#  - two in-use clusters with refcount 0, alone and with a leak: every
+#    mismatch is named, then the structure is rebuilt (-r all) or refused
+#    (-r leaks);
 #  - an external data file's cluster without OFLAG_COPIED: its refcount
 #    counts as 1, so check reports it and -r all sets the flag;
 #  - the corrupt bit set: -r leaks|all repair the image and clear it;
@@ -17,7 +18,7 @@
 
 # damage IMAGE KIND: leak (cluster 0's refcount 2), copied (L2 entry 1
 # without OFLAG_COPIED), both, zero (refcounts of clusters 6 and 7, which
-# hold data, set to 0). Offsets come from the header (qcow2 specification).
+# hold data, set to 0), zeroleak (zero and leak). Offsets come from the header (qcow2 specification).
 damage() {
   python3 - "$1" "$2" <<'PY'
 import struct, sys
@@ -28,10 +29,10 @@ l1 = struct.unpack(">Q", h[40:48])[0]
 rt = struct.unpack(">Q", h[48:56])[0]
 f.seek(rt)
 rb = struct.unpack(">Q", f.read(8))[0]
-if kind in ("leak", "both"):
+if kind in ("leak", "both", "zeroleak"):
     f.seek(rb)
     f.write(struct.pack(">H", 2))
-if kind == "zero":
+if kind in ("zero", "zeroleak"):
     for c in (6, 7):
         f.seek(rb + 2 * c)
         f.write(struct.pack(">H", 0))
@@ -60,7 +61,7 @@ same() { # WHAT: q.out and k.out (qemu-img's and ours) are equal
   fi
 }
 
-for kind in leak copied both zero; do
+for kind in leak copied both zero zeroleak; do
   qemu-img create -q -f qcow2 orig.qcow2 8M
   qemu-io -c 'write -P 0xaa 0 256k' orig.qcow2 >/dev/null
   damage orig.qcow2 $kind
@@ -72,11 +73,11 @@ for kind in leak copied both zero; do
     # shellcheck disable=SC2086
     { run "$QK" check $mode k.qcow2 | sed 's/k\.qcow2/q.qcow2/'; qemu-img check k.qcow2 2>&1; } >k.out
     case "$kind/$mode" in
-      zero/-r\ leaks*)
+      zero*/-r\ leaks*)
         # Refused alike (exit 1, image untouched); our message says why.
         grep -q "must be rebuilt" k.out || bad "zero, $mode: no reason given"
         sed -i '/Check failed/d' q.out k.out ;;
-      zero/-r\ all*)
+      zero*/-r\ all*)
         # After a rebuild qemu-img frees the old structure's clusters one
         # by one and says so; ours never counts them as used.
         sed -i '/^Repairing cluster [0-9]* refcount=1 reference=0$/d' q.out ;;
