@@ -47,6 +47,8 @@ extern const QkCommand qk_cmd_backup;
 /* Prints "qcowkit: <msg>" to stderr. */
 void qk_tool_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Parses a size argument or reports "Invalid <what> specified" and returns -1. */
+/* "Invalid WHAT specified. You may use k, M, ... suffixes" as qemu-img says it. */
+void qk_tool_size_error(const char *what);
 int qk_tool_parse_size(const char *arg, const char *what, uint64_t *out);
 /* Reports an unknown option / missing argument in getopt style and returns 1. */
 int qk_tool_bad_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

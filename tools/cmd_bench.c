@@ -232,8 +232,6 @@ static int parse_args(int argc, char **argv, BenchArgs *a, const char **filename
         {"cache-size", required_argument, NULL, OPT_CACHE_SIZE},
         {NULL, 0, NULL, 0},
     };
-    const char *sfx = "You may use k, M, G, T, P or E suffixes for kilobytes, megabytes, "
-                      "gigabytes, terabytes, petabytes and exabytes.";
     bool flush_set = false;
     int c;
     opterr = 0;
@@ -257,20 +255,20 @@ static int parse_args(int argc, char **argv, BenchArgs *a, const char **filename
         case 'i': a->aio = optarg; break;
         case 'o':
             if (qk_parse_size(optarg, &a->offset) < 0) {
-                qk_tool_error("Invalid offset specified. %s", sfx);
+                qk_tool_size_error("offset");
                 return -1;
             }
             break;
         case 'q': a->quiet = true; break;
         case 's':
             if (qk_parse_size(optarg, &a->size) < 0 || a->size > INT32_MAX) {
-                qk_tool_error("Invalid buffer size specified. %s", sfx);
+                qk_tool_size_error("buffer size");
                 return -1;
             }
             break;
         case 'S':
             if (qk_parse_size(optarg, &a->step) < 0 || a->step > INT32_MAX) {
-                qk_tool_error("Invalid step_size specified. %s", sfx);
+                qk_tool_size_error("step_size");
                 return -1;
             }
             a->step_set = true;
@@ -304,7 +302,7 @@ static int parse_args(int argc, char **argv, BenchArgs *a, const char **filename
         case OPT_PLAIN: a->plain_buffers = true; break;
         case OPT_CACHE_SIZE:
             if (qk_parse_size(optarg, &a->cache_size) < 0 || a->cache_size == 0) {
-                qk_tool_error("Invalid cache size specified. %s", sfx);
+                qk_tool_size_error("cache size");
                 return -1;
             }
             break;

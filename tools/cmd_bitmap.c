@@ -151,8 +151,7 @@ static int run(int argc, char **argv)
         case 'F': src_fmt = optarg; break;
         case 'g':
             if (qk_parse_size(optarg, &granularity) < 0) {
-                qk_tool_error("Invalid granularity specified. You may use k, M, G, T, P or E suffixes for");
-                qk_tool_error("kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.");
+                qk_tool_size_error("granularity");
                 return 1;
             }
             break;

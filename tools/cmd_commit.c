@@ -91,8 +91,7 @@ static int run_commit(int argc, char **argv)
             break;
         case 'r':
             if (qk_parse_size(optarg, &rate) < 0) {
-                qk_tool_error("Invalid rate limit specified. You may use k, M, G, T, P or E suffixes for");
-                qk_tool_error("kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.");
+                qk_tool_size_error("rate limit");
                 return 1;
             }
             break;

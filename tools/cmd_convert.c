@@ -169,9 +169,7 @@ static int run_convert(int argc, char **argv)
         case 'S':
             sparse_set = true;
             if (qk_parse_size(optarg, &sparse) < 0) {
-                qk_tool_error("Invalid buffer size for sparse output specified. You may use k, M, G, T, P or E "
-                              "suffixes for");
-                qk_tool_error("kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.");
+                qk_tool_size_error("buffer size for sparse output");
                 return 1;
             }
             if (sparse % 512 || sparse > (16u << 20)) {
@@ -189,8 +187,7 @@ static int run_convert(int argc, char **argv)
             break;
         case 'r': {
             if (qk_parse_size(optarg, &rate) < 0) {
-                qk_tool_error("Invalid rate limit specified. You may use k, M, G, T, P or E suffixes for");
-                qk_tool_error("kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.");
+                qk_tool_size_error("rate limit");
                 return 1;
             }
             break;

@@ -159,8 +159,7 @@ static int run(int argc, char **argv)
     if (optind < argc) {
         const char *s = argv[optind++];
         if (qk_parse_size(s, &a.c.o.size) < 0) {
-            qk_tool_error("Invalid image size specified. You may use k, M, G, T, P or E suffixes "
-                          "for kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.");
+            qk_tool_size_error("image size");
             return 1;
         }
         if (a.c.o.size > INT64_MAX) {

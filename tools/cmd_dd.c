@@ -84,8 +84,7 @@ static void coroutine_fn dd_co(void *opaque)
 static int parse_operand(const char *what, const char *arg, uint64_t *out)
 {
     if (qk_parse_size(arg, out) < 0 || *out > INT64_MAX) {
-        qk_tool_error("Invalid %s specified. You may use k, M, G, T, P or E suffixes for", what);
-        qk_tool_error("kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.");
+        qk_tool_size_error(what);
         return -1;
     }
     return 0;
@@ -129,8 +128,7 @@ static int run_dd(int argc, char **argv)
         const char *v = eq ? eq + 1 : "";
         if (eq && kl == 2 && strncmp(a, "bs", 2) == 0) {
             if (qk_parse_size(v, &bs) < 0) {
-                qk_tool_error("Invalid bs specified. You may use k, M, G, T, P or E suffixes for");
-                qk_tool_error("kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.");
+                qk_tool_size_error("bs");
                 return 1;
             }
             if (bs == 0 || bs > INT_MAX) {

@@ -185,15 +185,13 @@ static int run(int argc, char **argv)
             break;
         case 's': case OPT_START:
             if (qk_parse_size(optarg, &m.start) < 0) {
-                qk_tool_error("Invalid start offset specified! You may use k, M, G, T, P or E suffixes "
-                              "for kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.");
+                qk_tool_size_error("start offset");
                 return 1;
             }
             break;
         case 'l': case OPT_MAXLEN:
             if (qk_parse_size(optarg, &max_len) < 0) {
-                qk_tool_error("Invalid length specified! You may use k, M, G, T, P or E suffixes "
-                              "for kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.");
+                qk_tool_size_error("max length");
                 return 1;
             }
             break;

@@ -685,8 +685,7 @@ static int run_measure(int argc, char **argv)
         case OPT_SIZE: {
             int e = parse_qemu_size(optarg, &size);
             if (e == -EINVAL) {
-                qk_tool_error("Invalid image size specified. You may use k, M, G, T, P or E suffixes for");
-                qk_tool_error("kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.");
+                qk_tool_size_error("image size");
                 return 1;
             }
             if (e < 0 || size > INT64_MAX) {

@@ -26,6 +26,13 @@ void qk_tool_error(const char *fmt, ...)
     fputc('\n', stderr);
 }
 
+void qk_tool_size_error(const char *what)
+{
+    /* qemu-img's words, on two lines. */
+    qk_tool_error("Invalid %s specified. You may use k, M, G, T, P or E suffixes for", what);
+    qk_tool_error("kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.");
+}
+
 int qk_tool_parse_size(const char *arg, const char *what, uint64_t *out)
 {
     if (qk_parse_size(arg, out) < 0) {
