@@ -371,10 +371,7 @@ static int run(int argc, char **argv)
     if (m.vm_in && m.vm_out) {
         return qk_tool_bad_usage("snapshot", "--vmstate and --vmstate-out cannot be used together");
     }
-    if (!m.op) {
-        return 0; /* qemu-img does nothing without an action, successfully */
-    }
-    if (m.op != 'l') {
+    if (m.op && m.op != 'l') {
         flags |= QK_OPEN_RDWR;
     }
     if (cache && qk_cache_mode_parse(cache, &flags) < 0) {
@@ -395,7 +392,11 @@ static int run(int argc, char **argv)
     QkImageInfo info = {0};
     qk_block_get_info(m.bs, &info);
     m.vmo.cluster_size = info.cluster_size;
-    qk_co_run(snap_entry, &m);
+    /* Without an action qemu-img opens the image (failing as an open
+     * fails) and does nothing more. */
+    if (m.op) {
+        qk_co_run(snap_entry, &m);
+    }
     fflush(stdout);
     int cr = qk_block_close(m.bs);
     if (cr < 0) {
