@@ -5,7 +5,8 @@
 # the backup tool of tests/interop/nbd-backup; ceph-mon, ceph-mgr, ceph-osd
 # and ceph-common: the throwaway cluster of the RBD tests and benchmark;
 # qemu-block-extra: qemu-img's rbd driver, their judge; nbdkit: the NBD
-# benchmark's client ceiling, a server that answers at once). Safe to run again:
+# benchmark's client ceiling, a server that answers at once; qemu-system-x86:
+# QEMU's own savevm/loadvm, which tests/interop/snapshot-list compares with). Safe to run again:
 # it installs only what is missing.
 set -euo pipefail
 
@@ -14,7 +15,7 @@ pkgs=(
   liburing-dev zlib1g-dev libzstd-dev libjansson-dev
   libnbd-dev libnbd-bin python3-libnbd nbdkit
   qemu-utils fio time iproute2 gnuplot-nox python3 strace gdb
-  qemu-system-common
+  qemu-system-common qemu-system-x86
   librbd-dev ceph-mon ceph-mgr ceph-osd ceph-common qemu-block-extra
   clang libclang-rt-14-dev
 )
