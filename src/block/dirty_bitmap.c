@@ -135,7 +135,16 @@ int coroutine_fn qk_co_dirty_bitmap_begin_change(QkBlock *bs, QkDirtyBitmap *bm,
     if (bm->busy) {
         return qk_error_set(err, -EBUSY, "Bitmap '%s' is in use", bm->name);
     }
-    return bs->drv->co_bitmap_begin_change ? bs->drv->co_bitmap_begin_change(bs, bm, err) : 0;
+    if (!bs->drv->co_bitmap_begin_change) {
+        return 0;
+    }
+    /* Busy while the image is updated: a remove (or a backup taking it)
+     * from another caller in the meantime would leave ours pointing at
+     * a freed bitmap, or change it under the backup. */
+    bm->busy++;
+    int r = bs->drv->co_bitmap_begin_change(bs, bm, err);
+    bm->busy--;
+    return r;
 }
 
 int qk_dirty_bitmap_remove(QkBlock *bs, QkDirtyBitmap *bm, QkError *err)

@@ -18,6 +18,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+/* How long stop waits for connections to finish on their own. */
+#define STOP_GRACE_NS (5LL * 1000 * 1000 * 1000)
+
 /* Every area's commands; a new area adds its table here. */
 static const QkControlTable *const tables[] = {
     &qk_control_daemon_table,
@@ -348,6 +351,16 @@ void coroutine_fn qk_co_control_stop(QkControl *ctl)
     for (Conn *c = ctl->conns; c; c = c->next) {
         /* EOF for the reader; a reply being written still goes out. */
         shutdown(c->fd, SHUT_RD);
+    }
+    /* A client that stopped reading our replies would block its
+     * connection's last write forever: after a grace period the write
+     * side is cut too, as the NBD server cuts its clients. */
+    int64_t deadline = qk_clock_ns() + STOP_GRACE_NS;
+    while (ctl->nconns > 0 && qk_clock_ns() < deadline) {
+        qk_co_sleep_ns(10 * 1000 * 1000);
+    }
+    for (Conn *c = ctl->conns; c; c = c->next) {
+        shutdown(c->fd, SHUT_RDWR);
     }
     while (ctl->accepting || ctl->nconns > 0) {
         qk_co_queue_wait(&ctl->changed);

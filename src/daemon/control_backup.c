@@ -192,7 +192,7 @@ static json_t *coroutine_fn cmd_backup_export_start(QkDaemon *d, json_t *args, Q
         c->view_export = NULL;
         QkError ignored = {0};
         qk_job_cancel(job, &ignored);
-        qk_co_job_wait(job);
+        qk_co_job_wait_to_free(job);
         qk_control_job_ctx_free(c);
         qk_job_free(job);
         json_decref(ret);

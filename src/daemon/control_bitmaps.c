@@ -15,6 +15,7 @@
 #include "util/size.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 static QkBlock *export_node(QkDaemon *d, json_t *args, QkError *err)
@@ -139,29 +140,42 @@ static json_t *coroutine_fn cmd_merge(QkDaemon *d, json_t *args, QkError *err)
         return NULL;
     }
     /* Check all first so a bad name changes nothing. */
-    size_t i;
+    size_t i, n = json_array_size(srcs);
     json_t *v;
-    json_array_foreach(srcs, i, v) {
-        const char *n = json_string_value(v);
-        QkDirtyBitmap *s = n ? qk_dirty_bitmap_find(bs, n) : NULL;
-        if (!s) {
-            qk_error_set(err, -ENOENT, "Dirty bitmap '%s' not found", n ? n : "(not a string)");
-            return NULL;
-        }
-        if (s->inconsistent) {
-            qk_error_set(err, -EINVAL, "Bitmap '%s' is inconsistent and cannot be used", s->name);
-            return NULL;
-        }
-    }
-    if (qk_co_dirty_bitmap_begin_change(bs, dst, err) < 0) {
+    QkDirtyBitmap **src = calloc(n ? n : 1, sizeof(*src));
+    if (!src) {
+        qk_error_set(err, -ENOMEM, "out of memory");
         return NULL;
     }
+    json_t *ret = NULL;
     json_array_foreach(srcs, i, v) {
-        if (qk_dirty_bitmap_merge(dst, qk_dirty_bitmap_find(bs, json_string_value(v)), err) < 0) {
-            return NULL;
+        const char *name = json_string_value(v);
+        src[i] = name ? qk_dirty_bitmap_find(bs, name) : NULL;
+        if (!src[i]) {
+            qk_error_set(err, -ENOENT, "Dirty bitmap '%s' not found", name ? name : "(not a string)");
+            goto out;
+        }
+        if (src[i]->inconsistent) {
+            qk_error_set(err, -EINVAL, "Bitmap '%s' is inconsistent and cannot be used", src[i]->name);
+            goto out;
         }
     }
-    return json_object();
+    /* The sources are busy while the target's stored copy is marked in
+     * use, so a remove from another client cannot free one meanwhile. */
+    for (i = 0; i < n; i++) {
+        src[i]->busy += src[i] != dst;
+    }
+    int r = qk_co_dirty_bitmap_begin_change(bs, dst, err);
+    for (i = 0; i < n; i++) {
+        src[i]->busy -= src[i] != dst;
+    }
+    for (i = 0; r == 0 && i < n; i++) {
+        r = qk_dirty_bitmap_merge(dst, src[i], err);
+    }
+    ret = r == 0 ? json_object() : NULL;
+out:
+    free(src);
+    return ret;
 }
 
 static json_t *coroutine_fn cmd_query(QkDaemon *d, json_t *args, QkError *err)

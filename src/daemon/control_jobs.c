@@ -442,6 +442,11 @@ static json_t *coroutine_fn cmd_job_dismiss(QkDaemon *d, json_t *args, QkError *
         qk_error_set(err, -EBUSY, "Job '%s' is still %s", job->id, qk_job_state_name(job->state));
         return NULL;
     }
+    if (job->waiters) {
+        /* Another command's wait=true is about to report on it. */
+        qk_error_set(err, -EBUSY, "Job '%s' is still being waited for", job->id);
+        return NULL;
+    }
     dismiss(job);
     return json_object();
 }
@@ -460,7 +465,7 @@ void coroutine_fn qk_co_control_jobs_shutdown(void)
     qk_control_jobs_cancel_all();
     while (qk_job_first()) {
         QkJob *j = qk_job_first();
-        qk_co_job_wait(j);
+        qk_co_job_wait_to_free(j);
         dismiss(j);
     }
 }

@@ -439,6 +439,16 @@ static void fill_todo(Backup *b)
     }
 }
 
+/* Gives back the pin qk_backup_start takes on a bitmap it then fails
+ * to use; NULL, for the failing return. */
+static QkJob *unpin(QkDirtyBitmap *bm)
+{
+    if (bm) {
+        bm->busy--;
+    }
+    return NULL;
+}
+
 QkJob *coroutine_fn qk_backup_start(const char *id, QkBlock *source, QkBlock *target,
                                     const QkBackupOptions *opts, QkError *err)
 {
@@ -478,18 +488,21 @@ QkJob *coroutine_fn qk_backup_start(const char *id, QkBlock *source, QkBlock *ta
         if (qk_co_dirty_bitmap_begin_change(source, bm, err) < 0) {
             return NULL;
         }
+        /* The job's from here: the waits below (quiescing the source)
+         * must not let another caller remove or change it. */
+        bm->busy++;
     }
     if (!o.granularity) {
         o.granularity = default_granularity(target);
     }
     if (o.granularity < GRAN_MIN || o.granularity > GRAN_MAX || !qk_is_pow2(o.granularity)) {
         qk_error_set(err, -EINVAL, "Granularity must be a power of two between 4 KiB and 64 MiB");
-        return NULL;
+        return unpin(bm);
     }
     Backup *b = calloc(1, sizeof(*b));
     if (!b) {
         qk_error_set(err, -ENOMEM, "out of memory");
-        return NULL;
+        return unpin(bm);
     }
     b->src = source;
     b->target = target;
@@ -512,14 +525,14 @@ QkJob *coroutine_fn qk_backup_start(const char *id, QkBlock *source, QkBlock *ta
         qk_task_pool_free(b->pool);
         free(b);
         qk_error_set(err, -ENOMEM, "out of memory");
-        return NULL;
+        return unpin(bm);
     }
     if (qk_job_init(&b->job, &backup_driver, id, err) < 0) {
         free(b->todo);
         free(b->busy);
         qk_task_pool_free(b->pool);
         free(b);
-        return NULL;
+        return unpin(bm);
     }
     /* The moment of the backup: writes already in flight land first (and
      * mark the bitmap), later ones wait for the hook. */
@@ -529,11 +542,10 @@ QkJob *coroutine_fn qk_backup_start(const char *id, QkBlock *source, QkBlock *ta
         if (!b->saved || qk_dirty_bitmap_merge(b->saved, bm, err) < 0) {
             qk_block_quiesce_end(source);
             qk_job_free(&b->job);
-            return NULL;
+            return unpin(bm);
         }
         qk_dirty_bitmap_set_enabled(b->saved, false);
-        b->bm = bm;
-        bm->busy++;
+        b->bm = bm; /* its pin is released when the job ends */
         if (o.bitmap_mode != QK_BACKUP_BITMAP_NEVER) {
             /* From now on bm records what the next increment needs. */
             qk_dirty_bitmap_clear(bm);

@@ -271,7 +271,19 @@ void coroutine_fn qk_co_job_throttle(QkJob *job, uint64_t bytes)
 
 void coroutine_fn qk_co_job_wait(QkJob *job)
 {
+    /* Counted until the waiter runs again: whoever frees a finished job
+     * (dismiss) must let the waiters woken by its end look at it first. */
+    job->waiters++;
     while (!qk_job_is_finished(job)) {
         qk_co_queue_wait(&job->finish_waiters);
+    }
+    job->waiters--;
+}
+
+void coroutine_fn qk_co_job_wait_to_free(QkJob *job)
+{
+    qk_co_job_wait(job);
+    while (job->waiters) {
+        qk_co_sleep_ns(1000 * 1000);
     }
 }

@@ -54,6 +54,7 @@ struct QkJob {
     int64_t start_cpu_ns, end_cpu_ns; /* process CPU time at start and end */
     QkCoQueue resume_waiters;
     QkCoQueue finish_waiters;
+    unsigned waiters;              /* in qk_co_job_wait: the job must not be freed */
     QkJobFinishedFn *on_finished;
     void *finished_opaque;
     struct QkJob *next;
@@ -97,5 +98,8 @@ void coroutine_fn qk_co_job_throttle(QkJob *job, uint64_t bytes);
 
 /* Waits until the job has finished. */
 void coroutine_fn qk_co_job_wait(QkJob *job);
+/* The same, then until every other waiter has run again: after it the
+ * job may be freed. */
+void coroutine_fn qk_co_job_wait_to_free(QkJob *job);
 
 #endif

@@ -317,7 +317,10 @@ static int bitmap_extents(QkDirtyBitmap *bm, const QkNbdRequest *r, uint8_t *out
     return 0;
 }
 
-static int coroutine_fn do_block_status(Req *q, QkBlock *bs)
+/* Takes the node from the export for each context: sending a chunk may
+ * wait on the client, and a mirror may switch the export meanwhile and
+ * close the node the request started on. */
+static int coroutine_fn do_block_status(Req *q)
 {
     QkNbdClient *c = q->c;
     const QkNbdRequest *r = &q->r;
@@ -332,7 +335,7 @@ static int coroutine_fn do_block_status(Req *q, QkBlock *bs)
         if (!(k == 0 ? c->base_alloc : c->alloc_depth)) {
             continue;
         }
-        ret = alloc_extents(bs, r, k == 1, out, max, &n);
+        ret = alloc_extents(c->exp->bs, r, k == 1, out, max, &n);
         if (ret < 0) {
             free(out);
             return send_error(c, r, ret);
@@ -389,7 +392,7 @@ static void coroutine_fn handle(Req *q)
         do_read(q, bs);
         return;
     case NBD_CMD_BLOCK_STATUS:
-        do_block_status(q, bs);
+        do_block_status(q);
         return;
     case NBD_CMD_WRITE:
         ret = qk_co_pwrite(bs, r->offset, r->length, q->buf, 0);
@@ -414,7 +417,9 @@ static void coroutine_fn handle(Req *q)
      * metadata for this write stable, which a FUA data write alone would
      * not. Clients use FUA rarely, so the wider flush costs little. */
     if (ret == 0 && fua) {
-        ret = qk_co_flush(bs);
+        /* The export's node now: a write held by a mirror's switch went on
+         * to the new node, and that is what must be stable. */
+        ret = qk_co_flush(c->exp->bs);
     }
     send_simple(c, r->cookie, ret, NULL, 0);
 }
