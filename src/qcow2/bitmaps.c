@@ -184,7 +184,7 @@ static int coroutine_fn write_disk_flags(Qcow2State *s)
         for (uint32_t i = 0; i < d->n; i++) {
             d->e[i].flags = stored[i];
         }
-        r = qk_co_pwrite(s->bs->file, d->off, d->size, buf, QK_REQ_KIND(QK_IO_BITMAP));
+        r = qcow2_co_write_new_meta(s, d->off, d->size, buf, QCOW2_OL_BITMAP_DIR, QK_REQ_KIND(QK_IO_BITMAP));
     }
     free(buf);
     free(stored);
@@ -350,7 +350,7 @@ static int coroutine_fn write_bitmap(Qcow2State *s, const QkDirtyBitmap *bm, Qco
         qk_co_mutex_lock(&s->lock);
         int64_t h = qcow2_alloc_clusters(s, 1);
         qk_co_mutex_unlock(&s->lock);
-        r = h < 0 ? (int)h : qk_co_pwrite(s->bs->file, (uint64_t)h, cs, buf, QK_REQ_KIND(QK_IO_BITMAP));
+        r = h < 0 ? (int)h : qcow2_co_write_new_meta(s, (uint64_t)h, cs, buf, 0, QK_REQ_KIND(QK_IO_BITMAP));
         if (h >= 0) {
             t[i] = htobe64((uint64_t)h);
         }
@@ -359,7 +359,7 @@ static int coroutine_fn write_bitmap(Qcow2State *s, const QkDirtyBitmap *bm, Qco
         qk_co_mutex_lock(&s->lock);
         int64_t h = qcow2_alloc_clusters(s, tbytes / cs);
         qk_co_mutex_unlock(&s->lock);
-        r = h < 0 ? (int)h : qk_co_pwrite(s->bs->file, (uint64_t)h, tbytes, t, QK_REQ_KIND(QK_IO_BITMAP));
+        r = h < 0 ? (int)h : qcow2_co_write_new_meta(s, (uint64_t)h, tbytes, t, 0, QK_REQ_KIND(QK_IO_BITMAP));
         if (h >= 0) {
             e->table_off = (uint64_t)h;
         }
@@ -533,7 +533,7 @@ int coroutine_fn qcow2_bitmaps_store(QkBlock *bs, QkError *err)
             qk_co_mutex_lock(&s->lock);
             int64_t h = qcow2_alloc_clusters(s, alloc / s->cluster_size);
             qk_co_mutex_unlock(&s->lock);
-            r = h < 0 ? (int)h : qk_co_pwrite(bs->file, (uint64_t)h, alloc, buf, QK_REQ_KIND(QK_IO_BITMAP));
+            r = h < 0 ? (int)h : qcow2_co_write_new_meta(s, (uint64_t)h, alloc, buf, 0, QK_REQ_KIND(QK_IO_BITMAP));
             dir_off = h < 0 ? 0 : (uint64_t)h;
         }
         free(buf);

@@ -259,7 +259,7 @@ int coroutine_fn qcow2_grow_l1(Qcow2State *s, uint64_t min_size, QkError *err)
         r = qcow2_cache_flush(s->rb_cache);
     }
     if (r == 0) {
-        r = qk_co_pwrite(s->bs->file, (uint64_t)off, bytes, be, QK_REQ_KIND(QK_IO_L1));
+        r = qcow2_co_write_new_meta(s, (uint64_t)off, bytes, be, 0, QK_REQ_KIND(QK_IO_L1));
     }
     if (r == 0) {
         r = qk_co_flush(s->bs->file);

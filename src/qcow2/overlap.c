@@ -6,7 +6,9 @@
  * and every L2 table and refcount block written back, is checked first
  * against the header, the active L1 and L2 tables, the refcount table and
  * blocks and the bitmap directory, as QEMU's default ("cached") check
- * does. The first hit fails with -EIO, as does every later write of
+ * does; so is every table, bitmap or snapshot table written into
+ * clusters just allocated for it (an allocation a damaged refcount let
+ * fall on live metadata). The first hit fails with -EIO, as does every later write of
  * guest data, and the image is marked corrupt at the next flush or close
  * (the header's corrupt bit, which only check -r clears). Tables are
  * still written back where they belong, so what the image holds stays
@@ -223,10 +225,31 @@ int qcow2_check_data_write(Qcow2State *s, uint64_t off, uint64_t len)
     return hit ? refuse(s, hit) : 0;
 }
 
+int qcow2_check_data_free(Qcow2State *s, uint64_t off, uint64_t len)
+{
+    unsigned hit = qcow2_meta_overlap(s, off, len, 0);
+    if (!hit) {
+        return 0;
+    }
+    if (!s->meta_corrupt) {
+        s->meta_corrupt = true;
+        snprintf(s->meta_corrupt_msg, sizeof(s->meta_corrupt_msg),
+                 "Preventing invalid free of metadata (overlaps with %s)", kind_name(hit));
+    }
+    return -EIO;
+}
+
 int qcow2_check_table_write(Qcow2State *s, uint64_t off, uint64_t len, unsigned kind)
 {
     unsigned hit = qcow2_meta_overlap(s, off, len, kind);
     return hit ? refuse(s, hit) : 0;
+}
+
+int coroutine_fn qcow2_co_write_new_meta(Qcow2State *s, uint64_t off, uint64_t len, const void *buf,
+                                         unsigned ignore, int flags)
+{
+    int r = qcow2_check_table_write(s, off, len, ignore);
+    return r < 0 ? r : qk_co_pwrite(s->bs->file, off, len, buf, flags);
 }
 
 int coroutine_fn qcow2_mark_corrupt_if_needed(Qcow2State *s)

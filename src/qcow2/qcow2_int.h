@@ -274,7 +274,16 @@ unsigned qcow2_meta_overlap(Qcow2State *s, uint64_t off, uint64_t len, unsigned 
  * the image is then to be marked corrupt. */
 int qcow2_check_data_write(Qcow2State *s, uint64_t off, uint64_t len);
 /* The same for a table of KIND written back at its place. */
+/* A guest cluster about to be freed (its L2 entry dropped) that holds
+ * live metadata: only a corrupt L2 entry names one, and freeing it would
+ * let the table be handed out again. -EIO, and the image is marked
+ * corrupt. */
+int qcow2_check_data_free(Qcow2State *s, uint64_t off, uint64_t len);
 int qcow2_check_table_write(Qcow2State *s, uint64_t off, uint64_t len, unsigned kind);
+/* Writes metadata (or a bitmap's data) at off after the same check,
+ * ignoring the metadata kinds in ignore (what is rewritten in place). */
+int coroutine_fn qcow2_co_write_new_meta(Qcow2State *s, uint64_t off, uint64_t len, const void *buf,
+                                         unsigned ignore, int flags);
 /* Sets the header's corrupt bit after a refused write (s->lock held). */
 int coroutine_fn qcow2_mark_corrupt_if_needed(Qcow2State *s);
 /* Says the L1 table, the refcount table or the bitmap directory changed

@@ -627,8 +627,13 @@ void qcow2_compressed_range(const Qcow2State *s, uint64_t l2e, uint64_t *host, u
 int qcow2_check_free_l2_entry(Qcow2State *s, uint64_t l2e)
 {
     uint64_t off = l2e & QCOW2_L2E_OFFSET_MASK;
-    if ((l2e & QCOW2_OFLAG_COMPRESSED) || qk_is_aligned(off, s->cluster_size)) {
-        return 0;
+    if (l2e & QCOW2_OFLAG_COMPRESSED) {
+        uint64_t host, len;
+        qcow2_compressed_range(s, l2e, &host, &len);
+        return qcow2_check_data_free(s, host, len);
+    }
+    if (qk_is_aligned(off, s->cluster_size)) {
+        return off && !qcow2_has_data_file(s) ? qcow2_check_data_free(s, off, s->cluster_size) : 0;
     }
     if (!s->meta_corrupt) {
         s->meta_corrupt = true;

@@ -75,6 +75,15 @@ static int coroutine_fn discard_data(Qcow2State *s, uint64_t l2off)
     return 0;
 }
 
+/* A data entry of a tree losing its references that names live metadata
+ * (only a corrupt entry does): its reference is not counted down, so the
+ * table keeps the refcount its real use needs and is never handed out
+ * again. A leak at worst. */
+static bool names_live_metadata(Qcow2State *s, int addend, uint64_t off, uint64_t len)
+{
+    return addend < 0 && qcow2_meta_overlap(s, off, len, 0) != 0;
+}
+
 /* One L2 table of the walk (see qcow2_walk_l1). */
 static int coroutine_fn walk_l2(Qcow2State *s, uint64_t l2off, int addend, bool fix_copied)
 {
@@ -97,7 +106,10 @@ static int coroutine_fn walk_l2(Qcow2State *s, uint64_t l2off, int addend, bool 
             uint64_t host, len;
             qcow2_compressed_range(s, e, &host, &len);
             uint64_t a = qk_align_down(host, s->cluster_size);
-            r = run_add(s, &run, a, qk_align_up(host + len, s->cluster_size) - a, addend);
+            uint64_t alen = qk_align_up(host + len, s->cluster_size) - a;
+            if (!names_live_metadata(s, addend, a, alen)) {
+                r = run_add(s, &run, a, alen, addend);
+            }
             continue;
         }
         uint64_t off = e & QCOW2_L2E_OFFSET_MASK;
@@ -107,6 +119,9 @@ static int coroutine_fn walk_l2(Qcow2State *s, uint64_t l2off, int addend, bool 
         if (!qk_is_aligned(off, s->cluster_size)) {
             r = -QK_ECORRUPT;
             break;
+        }
+        if (names_live_metadata(s, addend, off, s->cluster_size)) {
+            continue;
         }
         r = run_add(s, &run, off, s->cluster_size, addend);
         if (r < 0 || !fix_copied) {
@@ -181,6 +196,8 @@ int coroutine_fn qcow2_walk_l1(Qcow2State *s, uint64_t *l1, uint64_t n, int adde
 }
 
 /* Writes n entries of l1 (host order) at off, zero-padded to whole clusters. */
+/* Writes an L1 table at off: the active one in place, or a new copy in
+ * clusters just allocated for it (checked against live metadata). */
 static int coroutine_fn write_l1(Qcow2State *s, uint64_t off, const uint64_t *l1, uint64_t n, bool strip_copied)
 {
     uint64_t bytes = qk_align_up(QK_MAX(n * 8, 1), s->cluster_size);
@@ -191,7 +208,8 @@ static int coroutine_fn write_l1(Qcow2State *s, uint64_t off, const uint64_t *l1
     for (uint64_t i = 0; i < n; i++) {
         qk_be64_put(&be[i], strip_copied ? l1[i] & ~QCOW2_OFLAG_COPIED : l1[i]);
     }
-    int r = qk_co_pwrite(s->bs->file, off, bytes, be, QK_REQ_KIND(QK_IO_L1));
+    unsigned ignore = off == s->l1_offset ? QCOW2_OL_L1 : 0;
+    int r = qcow2_co_write_new_meta(s, off, bytes, be, ignore, QK_REQ_KIND(QK_IO_L1));
     free(be);
     return r;
 }

@@ -244,8 +244,8 @@ int coroutine_fn qcow2_snapshots_write(Qcow2State *s, const Qcow2Snapshot *sn, u
         off = qcow2_alloc_clusters(s, nclusters);
         r = off < 0 ? (int)off : 0;
         if (r == 0) {
-            r = qk_co_pwrite(s->bs->file, (uint64_t)off, nclusters * s->cluster_size, buf,
-                             QK_REQ_KIND(QK_IO_SNAPSHOT));
+            r = qcow2_co_write_new_meta(s, (uint64_t)off, nclusters * s->cluster_size, buf, 0,
+                                        QK_REQ_KIND(QK_IO_SNAPSHOT));
         }
     }
     free(buf);

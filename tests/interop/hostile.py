@@ -586,6 +586,79 @@ def run_snapshot_extra(qcowkit, work, env):
         print("     " + out.strip().replace("\n", "\n     ")[:2000])
     return 1 if why else 0
 
+# A refcount of 0 on a live table (the L1 or an L2 table): the next
+# allocation hands that cluster out again. bitmap --add, snapshot -c and
+# resize wrote their new directory, L1 copy or grown L1 over the table
+# (exit 0, every guest read wrong afterwards). Each must be refused with
+# the image marked corrupt and the data intact, as qemu-img refuses
+# ("Preventing invalid write on metadata").
+def run_new_metadata_over_tables(qcowkit, work, env):
+    fails = 0
+    path = os.path.join(work, "rc0.qcow2")
+    for cluster, what, cmd in ((3, "L1", ["bitmap", "--add", path, "b0"]),
+                               (4, "L2", ["snapshot", "-c", "s1", path]),
+                               (4, "L2", ["resize", path, "20G"])):
+        sh(["rm", "-f", path])
+        sh(["qemu-img", "create", "-q", "-f", "qcow2", path, "16M"])
+        sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x11 0 128k", "-c", "write -P 0x22 1M 64k", path])
+        with open(path, "r+b") as f:
+            img = bytearray(f.read())
+            assert struct.unpack_from(">Q", img, 40)[0] == 0x30000, "layout changed"
+            rb = struct.unpack_from(">Q", img, struct.unpack_from(">Q", img, 48)[0])[0]
+            be("H", img, rb + 2 * cluster, 0)
+            f.seek(0)
+            f.write(img)
+        p = subprocess.run([qcowkit] + cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        rd = sh(["qemu-io", "-r", "-f", "qcow2", "-c", "read -P 0x11 0 128k", "-c", "read -P 0x22 1M 64k", path])
+        info = sh(["qemu-img", "info", path]).stdout
+        ok = (p.returncode == 1 and rd.returncode == 0 and "verification failed" not in rd.stdout and
+              "corrupt: true" in info and "Sanitizer" not in p.stdout and "runtime error" not in p.stdout)
+        print("%s refcount 0 on the %s table: %s refused, data intact" % ("ok  " if ok else "FAIL", what, cmd[0]))
+        if not ok:
+            fails += 1
+            print("     exit %d\n     %s" % (p.returncode, (p.stdout + rd.stdout + info).strip().replace("\n", "\n     ")[:1500]))
+    return fails
+
+# An overlay's L2 entry naming its own refcount table (cluster 1). commit
+# emptied the overlay by counting that "data cluster" down, so the
+# refcount table ended with refcount 0 and the next metadata allocation
+# wrote over it. Now the bogus reference goes without a refcount change
+# (the overlay checks clean, as after qemu-img commit), and a discard of
+# that entry is refused with the image marked corrupt.
+def run_entry_names_refcount_table(qcowkit, work, env):
+    fails = 0
+    base, top = os.path.join(work, "nb-base.qcow2"), os.path.join(work, "nb-top.qcow2")
+    for op in ("commit", "discard"):
+        sh(["rm", "-f", base, top])
+        sh(["qemu-img", "create", "-q", "-f", "qcow2", base, "16M"])
+        sh(["qemu-img", "create", "-q", "-f", "qcow2", "-b", base, "-F", "qcow2", top])
+        sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x44 0 64k", top])
+        with open(top, "r+b") as f:
+            img = bytearray(f.read())
+            l2 = l1_entry(img) & 0x00fffffffffffe00
+            be("Q", img, l2 + 8 * 5, (1 << 63) | struct.unpack_from(">Q", img, 48)[0])
+            f.seek(0)
+            f.write(img)
+        if op == "commit":
+            p = subprocess.run([qcowkit, "commit", top], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+            chk = sh(["qemu-img", "check", top])
+            rd = sh(["qemu-io", "-r", "-f", "qcow2", "-c", "read -P 0x44 0 64k", base])
+            ok = (p.returncode == 0 and chk.returncode == 0 and rd.returncode == 0 and
+                  "verification failed" not in rd.stdout)
+        else:
+            p = subprocess.run([qcowkit, "io", "-c", "discard 320k 64k", top], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+            chk = sh(["qemu-img", "check", top])
+            ok = ("failed" in p.stdout and "ERROR cluster 1 refcount=1 reference=2" in chk.stdout and
+                  "refcount=0" not in chk.stdout and "corrupt: true" in sh(["qemu-img", "info", top]).stdout)
+        ok = ok and "Sanitizer" not in p.stdout and "runtime error" not in p.stdout
+        print("%s L2 entry naming the refcount table: %s" % ("ok  " if ok else "FAIL", op))
+        if not ok:
+            fails += 1
+            print("     exit %d\n     %s" % (p.returncode, (p.stdout + chk.stdout).strip().replace("\n", "\n     ")[:1500]))
+    return fails
+
 def main():
     qcowkit, work = sys.argv[1], sys.argv[2]
     base = make_base(work)
@@ -653,6 +726,8 @@ def main():
     fails += run_compressed_subcluster_bits(qcowkit, work, env)
     fails += run_unaligned_size(qcowkit, work, base, env)
     fails += run_snapshot_extra(qcowkit, work, env)
+    fails += run_new_metadata_over_tables(qcowkit, work, env)
+    fails += run_entry_names_refcount_table(qcowkit, work, env)
     ncomp, cfails = run_compressed(qcowkit, work, env)
     fails += cfails
     nbm, bfails = run_bitmap_dir_damage(qcowkit, work, env)
