@@ -195,7 +195,7 @@ static int run(int argc, char **argv)
     char *layer_fmt = fmt ? strdup(fmt) : NULL;
     int ret = 0;
     /* The layers seen, to name a loop as one; the same cap as opening. */
-    enum { MAX_LAYERS = 64 };
+    enum { MAX_LAYERS = QK_MAX_BACKING_CHAIN };
     struct { dev_t dev; ino_t ino; } seen[MAX_LAYERS];
     for (int depth = 0; name; depth++) {
         struct stat st;

@@ -305,6 +305,11 @@ bool qk_block_is_nbd_uri(const char *filename);
 bool qk_block_is_rbd_name(const char *filename);
 /* Either of those: a name that is no host file (never stat it). */
 bool qk_block_is_remote(const char *filename);
+/* Images in a backing chain at most, the top included: a deeper chain is
+ * refused at open (QEMU has no fixed cap; a hostile chain of thousands of
+ * files would hold as many descriptors and as much stack). */
+#define QK_MAX_BACKING_CHAIN 128
+
 /* The path to open for the backing file name an image records, resolved
  * as QEMU does (relative to the image's directory unless absolute, a URL,
  * "file:PATH" or a json: description of a local file, whose paths are

@@ -309,9 +309,7 @@ static const QkBlockDriver *probe(QkBlock *file)
     return best;
 }
 
-/* Images in a chain at most, the top included (QEMU has no fixed cap; a
- * hostile chain of thousands of files would hold as many descriptors). */
-#define MAX_CHAIN 64
+#define MAX_CHAIN QK_MAX_BACKING_CHAIN
 
 /* The images above the one being opened, to tell a loop from depth. */
 typedef struct ChainLink {
@@ -407,28 +405,28 @@ static QkBlock *coroutine_fn open_depth(const char *filename, const QkOpenOption
         QkOpenOptions bo = *opts;
         /* Backing files are read-only and never written through. */
         bo.flags &= ~QK_OPEN_RDWR;
-        QkError berr = {0};
-        if (qk_block_backing_resolve(filename, bs->backing_file, &path, &json_fmt, &berr) == 0) {
+        /* On the heap: this frame is one per layer of the chain, on a
+         * coroutine's stack, and an error is 3 KiB. */
+        QkError *berr = calloc(1, sizeof(*berr));
+        if (berr && qk_block_backing_resolve(filename, bs->backing_file, &path, &json_fmt, berr) == 0) {
             /* The header's format wins over a json: name's, as in QEMU. */
             bo.format = bs->backing_format ? bs->backing_format : json_fmt;
-            bs->backing = open_depth(path, &bo, depth + 1, &me, &berr);
+            bs->backing = open_depth(path, &bo, depth + 1, &me, berr);
         }
         free(json_fmt);
-        if (!bs->backing && berr.code == -ELOOP) {
-            /* Said once, not under one prefix per level. */
-            qk_error_set(err, berr.code, "%s", berr.msg);
-            free(path);
-            qk_co_block_close(bs);
-            return NULL;
-        }
-        if (!bs->backing) {
-            qk_error_set(err, berr.code ? berr.code : -ENOMEM,
-                         "Could not open backing file: %s", berr.code ? berr.msg : "out of memory");
-            free(path);
-            qk_co_block_close(bs);
-            return NULL;
-        }
         free(path);
+        if (!bs->backing && berr && berr->code == -ELOOP) {
+            /* Said once, not under one prefix per level. */
+            qk_error_set(err, berr->code, "%s", berr->msg);
+        } else if (!bs->backing) {
+            qk_error_set(err, berr && berr->code ? berr->code : -ENOMEM, "Could not open backing file: %s",
+                         berr && berr->code ? berr->msg : "out of memory");
+        }
+        free(berr);
+        if (!bs->backing) {
+            qk_co_block_close(bs);
+            return NULL;
+        }
     }
     return bs;
 }

@@ -659,6 +659,36 @@ def run_entry_names_refcount_table(qcowkit, work, env):
             print("     exit %d\n     %s" % (p.returncode, (p.stdout + chk.stdout).strip().replace("\n", "\n     ")[:1500]))
     return fails
 
+# A backing chain at the depth limit (128 images, data in the bottom one
+# and one in the middle) reads and maps through the ASan build: each
+# layer's open used to keep a 3 KiB error on the coroutine's stack, which
+# overflowed at about 58 layers. One layer more is refused.
+def run_deep_chain(qcowkit, work, env):
+    d = os.path.join(work, "deep")
+    sh(["rm", "-rf", d])
+    os.makedirs(d)
+    sh(["qemu-img", "create", "-q", "-f", "qcow2", os.path.join(d, "c000.qcow2"), "4M"])
+    sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x5a 0 64k", os.path.join(d, "c000.qcow2")])
+    for i in range(1, 129):
+        sh(["qemu-img", "create", "-q", "-f", "qcow2", "-b", "c%03d.qcow2" % (i - 1), "-F", "qcow2",
+            os.path.join(d, "c%03d.qcow2" % i)])
+    sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x6b 1M 64k", os.path.join(d, "c060.qcow2")])
+    top = os.path.join(d, "c127.qcow2")
+    rd = subprocess.run([qcowkit, "io", "-r", "-c", "read -P 0x5a 0 64k", "-c", "read -P 0x6b 1M 64k", top], env=env,
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    mp = subprocess.run([qcowkit, "map", top], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    over = subprocess.run([qcowkit, "map", os.path.join(d, "c128.qcow2")], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    out = rd.stdout + mp.stdout + over.stdout
+    ok = (rd.returncode == 0 and rd.stdout.count("read 65536/65536") == 2 and mp.returncode == 0 and
+          "c000.qcow2" in mp.stdout and "c060.qcow2" in mp.stdout and over.returncode == 1 and
+          "too deep" in over.stdout and "Sanitizer" not in out and "runtime error" not in out)
+    print("%s backing chain of 128 images: read and map; 129 refused" % ("ok  " if ok else "FAIL"))
+    if not ok:
+        print("     " + out.strip().replace("\n", "\n     ")[-2000:])
+    sh(["rm", "-rf", d])
+    return 0 if ok else 1
+
 def main():
     qcowkit, work = sys.argv[1], sys.argv[2]
     base = make_base(work)
@@ -728,6 +758,7 @@ def main():
     fails += run_snapshot_extra(qcowkit, work, env)
     fails += run_new_metadata_over_tables(qcowkit, work, env)
     fails += run_entry_names_refcount_table(qcowkit, work, env)
+    fails += run_deep_chain(qcowkit, work, env)
     ncomp, cfails = run_compressed(qcowkit, work, env)
     fails += cfails
     nbm, bfails = run_bitmap_dir_damage(qcowkit, work, env)
