@@ -101,8 +101,25 @@ static int coroutine_fn downgrade_check(QkBlock *bs, uint32_t refcount_bits, QkE
                                 "(remove them first): compat=0.10 cannot hold them");
         }
     }
+    /* A v2 snapshot entry has neither a disk size (the image's is
+     * assumed) nor room for more than 4 GiB of VM state: QEMU's words. */
+    Qcow2Snapshot *sn;
+    uint32_t n;
+    int r = qcow2_snapshots_read(s, &sn, &n, NULL, err);
+    if (r < 0) {
+        return r;
+    }
+    for (uint32_t i = 0; i < n && r == 0; i++) {
+        if (sn[i].disk_size != s->h.size || sn[i].vm_state_size > UINT32_MAX) {
+            r = qk_error_set(err, -ENOTSUP, "Internal snapshots prevent downgrade of image");
+        }
+    }
+    qcow2_snapshots_free(sn, n);
+    if (r < 0) {
+        return r;
+    }
     char *which = NULL;
-    int r = snapshot_zero_clusters(s, &which, err);
+    r = snapshot_zero_clusters(s, &which, err);
     if (r > 0) {
         r = qk_error_set(err, -ENOTSUP, "Cannot downgrade: snapshot '%s' holds zero clusters, which "
                          "compat=0.10 cannot express (delete the snapshot or keep compat=1.1)",

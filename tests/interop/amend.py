@@ -181,4 +181,18 @@ case("refused: downgrade with a persistent bitmap", ["-o", "compat=0.10", "t.qco
 case("refused: downgrade, snapshot holding zero clusters", ["-o", "compat=0.10", "t.qcow2"], "",
      ["write -z 0 1M"], snapshot=["write -P 3 0 1M"], deliberate=True)
 
+# A snapshot taken at another size (or with VM state over 4 GiB): a v2
+# entry cannot say so, and qemu-img refuses with the same words.
+n = new_case()
+q, k = (os.path.join(WORK, "%s%d" % (x, n)) for x in "qk")
+for d in (q, k):
+    os.makedirs(d)
+    sh(["qemu-img", "create", "-q", "-f", "qcow2", os.path.join(d, "t.qcow2"), "16M"])
+    sh(["qemu-img", "snapshot", "-c", "s1", os.path.join(d, "t.qcow2")])
+    sh(["qemu-img", "resize", "-q", os.path.join(d, "t.qcow2"), "32M"])
+rq, rk = run_both("error: downgrade with a snapshot of another size", QK, "amend", ["-o", "compat=0.10", "t.qcow2"],
+                  q, k, norm=norm)
+if not info(k) or info(k)[2] != "1.1":
+    bad("error: downgrade with a snapshot of another size", "the image was downgraded: %s" % (info(k),))
+
 finish()
