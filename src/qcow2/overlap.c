@@ -5,7 +5,8 @@
  * table maps lost at once. Every write of guest data into the image file,
  * and every L2 table and refcount block written back, is checked first
  * against the header, the active L1 and L2 tables, the refcount table and
- * blocks and the bitmap directory, as QEMU's default ("cached") check
+ * blocks, the bitmap directory, the snapshot table and the snapshots' L1
+ * tables, as QEMU's default ("cached") check
  * does; so is every table, bitmap or snapshot table written into
  * clusters just allocated for it (an allocation a damaged refcount let
  * fall on live metadata). The first hit fails with -EIO, as does every later write of
@@ -21,6 +22,7 @@
  * good write.
  */
 #include "qcow2/qcow2_int.h"
+#include "qcow2/snapshot_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +45,8 @@ static const char *kind_name(unsigned kind)
     case QCOW2_OL_L2: return "active L2 table";
     case QCOW2_OL_REFT: return "refcount table";
     case QCOW2_OL_REFB: return "refcount block";
+    case QCOW2_OL_SNAPSHOT_TABLE: return "snapshot table";
+    case QCOW2_OL_INACTIVE_L1: return "inactive L1 table";
     default: return "bitmap directory";
     }
 }
@@ -106,7 +110,32 @@ static bool each_meta(Qcow2State *s, bool (*fn)(void *, uint64_t, uint64_t, unsi
                                QCOW2_OL_BITMAP_DIR)) {
         return false;
     }
+    if (s->snap_table_len && !fn(o, s->snap_table_off / cs, (s->snap_table_off + s->snap_table_len - 1) / cs,
+                                 QCOW2_OL_SNAPSHOT_TABLE)) {
+        return false;
+    }
+    for (uint32_t i = 0; i < s->snap_l1_n; i++) {
+        uint64_t off = s->snap_l1[i][0], len = s->snap_l1[i][1];
+        if (len && !fn(o, off / cs, (off + len - 1) / cs, QCOW2_OL_INACTIVE_L1)) {
+            return false;
+        }
+    }
     return true;
+}
+
+void qcow2_meta_set_snapshots(Qcow2State *s, const Qcow2Snapshot *sn, uint32_t n, uint64_t off, uint64_t len)
+{
+    free(s->snap_l1);
+    s->snap_l1 = n ? malloc(n * sizeof(*s->snap_l1)) : NULL;
+    /* Out of memory: the snapshots' tables go unprotected, as before. */
+    s->snap_l1_n = s->snap_l1 ? n : 0;
+    for (uint32_t i = 0; i < s->snap_l1_n; i++) {
+        s->snap_l1[i][0] = sn[i].l1_offset;
+        s->snap_l1[i][1] = (uint64_t)sn[i].l1_size * 8;
+    }
+    s->snap_table_off = n ? off : 0;
+    s->snap_table_len = n ? len : 0;
+    qcow2_meta_changed(s);
 }
 
 typedef struct Collect {

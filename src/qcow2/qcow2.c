@@ -68,6 +68,9 @@ static void free_state(Qcow2State *s)
     s->zero_buf = NULL;
     free(s->meta_list);
     s->meta_list = NULL;
+    free(s->snap_l1);
+    s->snap_l1 = NULL;
+    s->snap_l1_n = 0;
     qcow2_bitmaps_free_list(s);
     qcow2_bitmaps_forget(s);
     qcow2_data_file_close(s);
@@ -216,6 +219,18 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
     s->written_end = flen;
     s->free_hint = 1;
 
+    /* The snapshots' tables, for the overlap check of a writer. A table
+     * that does not read is left to the snapshot commands and check. */
+    if (s->h.nb_snapshots && !bs->read_only) {
+        Qcow2Snapshot *sn;
+        uint32_t n;
+        uint64_t len;
+        QkError serr = {0};
+        if (qcow2_snapshots_read(s, &sn, &n, &len, &serr) == 0) {
+            qcow2_meta_set_snapshots(s, sn, n, s->h.snapshots_offset, len);
+            qcow2_snapshots_free(sn, n);
+        }
+    }
     /* A malformed directory does not stop the open (the bitmaps are not
      * used for anything but info); check reports it. */
     if (qcow2_bitmaps_load_list(s) == -ENOMEM) {

@@ -256,6 +256,11 @@ struct Qcow2State {
     unsigned meta_checks;
     bool meta_corrupt;          /* a write over metadata was refused: no more writes */
     char meta_corrupt_msg[96];
+    /* overlap.c: the snapshot table and the snapshots' L1 tables (byte
+     * ranges), as of the open or the last table written */
+    uint64_t snap_table_off, snap_table_len;
+    uint64_t (*snap_l1)[2];     /* offset, length */
+    uint32_t snap_l1_n;
 };
 
 /* overlap.c: the kinds of metadata a write must not overlap. */
@@ -266,6 +271,8 @@ enum {
     QCOW2_OL_REFT = 1u << 3,
     QCOW2_OL_REFB = 1u << 4,
     QCOW2_OL_BITMAP_DIR = 1u << 5,
+    QCOW2_OL_SNAPSHOT_TABLE = 1u << 6,
+    QCOW2_OL_INACTIVE_L1 = 1u << 7,
 };
 /* The kind of live metadata (other than IGNORE's) in [off, off+len) of
  * the image file, or 0. */
@@ -278,6 +285,11 @@ int qcow2_check_data_write(Qcow2State *s, uint64_t off, uint64_t len);
  * live metadata: only a corrupt L2 entry names one, and freeing it would
  * let the table be handed out again. -EIO, and the image is marked
  * corrupt. */
+/* The snapshot table at off (len bytes) holds sn[0..n): what the check
+ * protects from now on (n = 0: no table). */
+struct Qcow2Snapshot;
+void qcow2_meta_set_snapshots(Qcow2State *s, const struct Qcow2Snapshot *sn, uint32_t n, uint64_t off,
+                              uint64_t len);
 int qcow2_check_data_free(Qcow2State *s, uint64_t off, uint64_t len);
 int qcow2_check_table_write(Qcow2State *s, uint64_t off, uint64_t len, unsigned kind);
 /* Writes metadata (or a bitmap's data) at off after the same check,

@@ -492,7 +492,9 @@ int coroutine_fn qcow2_co_snapshot_create(QkBlock *bs, const QkSnapshotInfo *inf
  * references were being dropped. */
 static bool snapshot_tree_sane(Qcow2State *s, const Qcow2Snapshot *sn, const uint64_t *l1)
 {
-    if (sn->l1_size && qcow2_meta_overlap(s, sn->l1_offset, (uint64_t)sn->l1_size * 8, QCOW2_OL_L2)) {
+    /* Its L1 table is one of the snapshots' (inactive) ones, of course. */
+    if (sn->l1_size &&
+        qcow2_meta_overlap(s, sn->l1_offset, (uint64_t)sn->l1_size * 8, QCOW2_OL_L2 | QCOW2_OL_INACTIVE_L1)) {
         return false;
     }
     for (uint64_t i = 0; i < sn->l1_size; i++) {

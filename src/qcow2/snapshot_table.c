@@ -287,6 +287,8 @@ int coroutine_fn qcow2_snapshots_write(Qcow2State *s, const Qcow2Snapshot *sn, u
         }
         return qk_error_set_errno(err, r, "Could not write the snapshot table");
     }
+    /* Protected from now on; the old table's clusters are not. */
+    qcow2_meta_set_snapshots(s, sn, n, (uint64_t)off, len);
     if (old_len) {
         r = qcow2_free_clusters(s, old_off, old_len);
         if (r < 0) {

@@ -619,6 +619,38 @@ def run_new_metadata_over_tables(qcowkit, work, env):
             print("     exit %d\n     %s" % (p.returncode, (p.stdout + rd.stdout + info).strip().replace("\n", "\n     ")[:1500]))
     return fails
 
+# The same with a refcount of 0 on a snapshot's L1 table (which qemu-img's
+# default overlap check also protects): the new tables went over the
+# snapshot's L1, so the snapshot no longer applied. Refused, the
+# snapshot's L1 table byte for byte as it was.
+def run_new_metadata_over_snapshot_l1(qcowkit, work, env):
+    fails = 0
+    path = os.path.join(work, "snl1.qcow2")
+    for cmd in (["bitmap", "--add", path, "b0"], ["snapshot", "-c", "s2", path], ["resize", path, "20G"]):
+        sh(["rm", "-f", path])
+        sh(["qemu-img", "create", "-q", "-f", "qcow2", path, "16M"])
+        sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x11 0 128k", path])
+        sh(["qemu-img", "snapshot", "-c", "s1", path])
+        sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x22 0 64k", path])
+        with open(path, "r+b") as f:
+            img = bytearray(f.read())
+            sl1 = struct.unpack_from(">Q", img, struct.unpack_from(">Q", img, 64)[0])[0]
+            rb = struct.unpack_from(">Q", img, struct.unpack_from(">Q", img, 48)[0])[0]
+            be("H", img, rb + 2 * (sl1 >> 16), 0)
+            f.seek(0)
+            f.write(img)
+        before = bytes(img[sl1:sl1 + 65536])
+        p = subprocess.run([qcowkit] + cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        after = open(path, "rb").read()[sl1:sl1 + 65536]
+        ok = (p.returncode == 1 and after == before and "Sanitizer" not in p.stdout and
+              "runtime error" not in p.stdout)
+        print("%s refcount 0 on a snapshot's L1 table: %s refused, the table intact" % ("ok  " if ok else "FAIL", cmd[0]))
+        if not ok:
+            fails += 1
+            print("     exit %d, table %s\n     %s" % (p.returncode, "intact" if after == before else "OVERWRITTEN",
+                                                       p.stdout.strip()[-500:]))
+    return fails
+
 # An overlay's L2 entry naming its own refcount table (cluster 1). commit
 # emptied the overlay by counting that "data cluster" down, so the
 # refcount table ended with refcount 0 and the next metadata allocation
@@ -757,6 +789,7 @@ def main():
     fails += run_unaligned_size(qcowkit, work, base, env)
     fails += run_snapshot_extra(qcowkit, work, env)
     fails += run_new_metadata_over_tables(qcowkit, work, env)
+    fails += run_new_metadata_over_snapshot_l1(qcowkit, work, env)
     fails += run_entry_names_refcount_table(qcowkit, work, env)
     fails += run_deep_chain(qcowkit, work, env)
     ncomp, cfails = run_compressed(qcowkit, work, env)
