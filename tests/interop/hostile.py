@@ -296,6 +296,14 @@ def run_unaligned_free(qcowkit, work, env):
                 print("     " + (p.stdout + rd.stdout + info).strip().replace("\n", "\n     ")[:2000])
     return fails
 
+def snapshot_image(path, size, before, after):
+    """A fresh image: BEFORE written, snapshot s1 taken, AFTER written (qemu-io commands)."""
+    sh(["rm", "-f", path])
+    sh(["qemu-img", "create", "-q", "-f", "qcow2", path, size])
+    sh(["qemu-io", "-f", "qcow2", "-c", before, path])
+    sh(["qemu-img", "snapshot", "-c", "s1", path])
+    sh(["qemu-io", "-f", "qcow2", "-c", after, path])
+
 # snapshot -a of a snapshot whose L1 table is the refcount table, or whose
 # L1 names the refcount table as an L2 table: refused before anything changes (the
 # file stays byte for byte as it was), as qemu-img refuses; applying it
@@ -304,11 +312,7 @@ def run_bad_snapshot_apply(qcowkit, work, env):
     fails = 0
     path = os.path.join(work, "snap.qcow2")
     for what in ("L1 table is the refcount table", "L1 entry names the refcount table"):
-        sh(["rm", "-f", path])
-        sh(["qemu-img", "create", "-q", "-f", "qcow2", path, "4M"])
-        sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x11 0 1M", path])
-        sh(["qemu-img", "snapshot", "-c", "s1", path])
-        sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x33 0 64k", path])
+        snapshot_image(path, "4M", "write -P 0x11 0 1M", "write -P 0x33 0 64k")
         with open(path, "r+b") as f:
             img = bytearray(f.read())
             sn = struct.unpack_from(">Q", img, 64)[0]
@@ -627,11 +631,7 @@ def run_new_metadata_over_snapshot_l1(qcowkit, work, env):
     fails = 0
     path = os.path.join(work, "snl1.qcow2")
     for cmd in (["bitmap", "--add", path, "b0"], ["snapshot", "-c", "s2", path], ["resize", path, "20G"]):
-        sh(["rm", "-f", path])
-        sh(["qemu-img", "create", "-q", "-f", "qcow2", path, "16M"])
-        sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x11 0 128k", path])
-        sh(["qemu-img", "snapshot", "-c", "s1", path])
-        sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x22 0 64k", path])
+        snapshot_image(path, "16M", "write -P 0x11 0 128k", "write -P 0x22 0 64k")
         with open(path, "r+b") as f:
             img = bytearray(f.read())
             sl1 = struct.unpack_from(">Q", img, struct.unpack_from(">Q", img, 64)[0])[0]
