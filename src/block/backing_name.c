@@ -88,10 +88,12 @@ static int resolve_json(const char *backing, char **path, char **format, QkError
     Keys k = {0};
     collect(root, "", &k, 0);
     const char *file = NULL, *fmt = NULL, *why = NULL;
+    bool name_key = false;
     if (k.driver && !is_format(k.driver) && strcmp(k.driver, "file") != 0) {
         why = "only the file protocol and the qcow2 and raw formats are supported";
     } else if (k.bad[0]) {
         why = "it has an option qcowkit does not support";
+        name_key = true;
     } else if (!k.driver || strcmp(k.driver, "file") == 0) {
         /* The protocol alone, or options for it: the format is probed. */
         file = k.filename ? k.filename : k.file_filename;
@@ -111,9 +113,8 @@ static int resolve_json(const char *backing, char **path, char **format, QkError
     }
     int r = 0;
     if (why) {
-        bool say_key = k.bad[0] && strcmp(why, "it has an option qcowkit does not support") == 0;
         r = qk_error_set(err, -ENOTSUP, "Unsupported backing file name '%s': %s%s%s%s", backing, why,
-                         say_key ? " ('" : "", say_key ? k.bad : "", say_key ? "')" : "");
+                         name_key ? " ('" : "", name_key ? k.bad : "", name_key ? "')" : "");
     } else {
         *path = strdup(file);
         if (format && fmt) {
@@ -168,8 +169,8 @@ char *qk_block_backing_path(const char *image, const char *backing)
 {
     char *path;
     QkError err = {0};
-    if (qk_block_backing_resolve(image, backing, &path, NULL, &err) == -ENOTSUP ||
-        (err.code == -EINVAL && strncmp(backing, "json:", 5) == 0)) {
+    int r = qk_block_backing_resolve(image, backing, &path, NULL, &err);
+    if (r < 0 && r != -ENOMEM) {
         /* Opening it fails with resolve's reason; shown as recorded here. */
         path = strdup(backing);
     }

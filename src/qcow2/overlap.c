@@ -6,11 +6,12 @@
  * and every L2 table and refcount block written back, is checked first
  * against the header, the active L1 and L2 tables, the refcount table and
  * blocks, the bitmap directory, the snapshot table and the snapshots' L1
- * tables, as QEMU's default ("cached") check
- * does; so is every table, bitmap or snapshot table written into
- * clusters just allocated for it (an allocation a damaged refcount let
- * fall on live metadata). The first hit fails with -EIO, as does every later write of
- * guest data, and the image is marked corrupt at the next flush or close
+ * tables, as QEMU's default ("cached") check does; so is every table,
+ * bitmap or snapshot table written into clusters just allocated for it
+ * (an allocation a damaged refcount let fall on live metadata), and every
+ * guest cluster about to be freed. The first hit fails with -EIO, as does
+ * every later write of guest data, and the image is marked corrupt at the
+ * next flush or close
  * (the header's corrupt bit, which only check -r clears). Tables are
  * still written back where they belong, so what the image holds stays
  * consistent.

@@ -195,9 +195,9 @@ int coroutine_fn qcow2_walk_l1(Qcow2State *s, uint64_t *l1, uint64_t n, int adde
     return 0;
 }
 
-/* Writes n entries of l1 (host order) at off, zero-padded to whole clusters. */
-/* Writes an L1 table at off: the active one in place, or a new copy in
- * clusters just allocated for it (checked against live metadata). */
+/* Writes n entries of l1 (host order) at off, zero-padded to whole
+ * clusters: the active table in place, or a new copy in clusters just
+ * allocated for it (checked against live metadata first). */
 static int coroutine_fn write_l1(Qcow2State *s, uint64_t off, const uint64_t *l1, uint64_t n, bool strip_copied)
 {
     uint64_t bytes = qk_align_up(QK_MAX(n * 8, 1), s->cluster_size);
