@@ -233,12 +233,13 @@ unsigned qcow2_meta_overlap(Qcow2State *s, uint64_t off, uint64_t len, unsigned 
     return e.hit;
 }
 
-static int refuse(Qcow2State *s, unsigned hit)
+/* what: "write on" or "free of", for the message QEMU's words give. */
+static int refuse(Qcow2State *s, unsigned hit, const char *what)
 {
     if (!s->meta_corrupt) {
         s->meta_corrupt = true;
         snprintf(s->meta_corrupt_msg, sizeof(s->meta_corrupt_msg),
-                 "Preventing invalid write on metadata (overlaps with %s)", kind_name(hit));
+                 "Preventing invalid %s metadata (overlaps with %s)", what, kind_name(hit));
     }
     return -EIO;
 }
@@ -252,27 +253,19 @@ int qcow2_check_data_write(Qcow2State *s, uint64_t off, uint64_t len)
         return -EIO;
     }
     unsigned hit = qcow2_meta_overlap(s, off, len, 0);
-    return hit ? refuse(s, hit) : 0;
+    return hit ? refuse(s, hit, "write on") : 0;
 }
 
 int qcow2_check_data_free(Qcow2State *s, uint64_t off, uint64_t len)
 {
     unsigned hit = qcow2_meta_overlap(s, off, len, 0);
-    if (!hit) {
-        return 0;
-    }
-    if (!s->meta_corrupt) {
-        s->meta_corrupt = true;
-        snprintf(s->meta_corrupt_msg, sizeof(s->meta_corrupt_msg),
-                 "Preventing invalid free of metadata (overlaps with %s)", kind_name(hit));
-    }
-    return -EIO;
+    return hit ? refuse(s, hit, "free of") : 0;
 }
 
 int qcow2_check_table_write(Qcow2State *s, uint64_t off, uint64_t len, unsigned kind)
 {
     unsigned hit = qcow2_meta_overlap(s, off, len, kind);
-    return hit ? refuse(s, hit) : 0;
+    return hit ? refuse(s, hit, "write on") : 0;
 }
 
 int coroutine_fn qcow2_co_write_new_meta(Qcow2State *s, uint64_t off, uint64_t len, const void *buf,
