@@ -84,22 +84,15 @@ static bool coroutine_fn structure_trusted(Check *k)
             ok = false;
         }
     }
-    if (!ok && added && !unreadable) {
-        /* Every mismatch named, in cluster order, as qemu-img reports
-         * them before it rebuilds. */
-        for (uint64_t c = 0; c < k->nclusters; c++) {
-            uint64_t rc;
-            if (ck_stored_rc(k, c, &rc) && rc != k->refs[c]) {
-                ck_say(k, "%s cluster %llu refcount=%llu reference=%u", rc > k->refs[c] ? "Leaked" : "ERROR",
-                       (unsigned long long)c, (unsigned long long)rc, k->refs[c]);
-            }
-        }
-    } else if (!ok) {
-        for (uint64_t c = 0; c < k->nclusters; c++) {
-            uint64_t rc;
-            if (k->refs[c] && ck_stored_rc(k, c, &rc) && rc == 0) {
-                ck_say(k, "ERROR cluster %llu refcount=0 reference=%u", (unsigned long long)c, k->refs[c]);
-            }
+    /* Before the rebuild, every mismatch named in cluster order, as
+     * qemu-img reports them; only the clusters in use without a refcount
+     * when the structure's own clusters could not be counted. */
+    bool all = added && !unreadable;
+    for (uint64_t c = 0; !ok && c < k->nclusters; c++) {
+        uint64_t rc;
+        if (ck_stored_rc(k, c, &rc) && (all ? rc != k->refs[c] : k->refs[c] && rc == 0)) {
+            ck_say(k, "%s cluster %llu refcount=%llu reference=%u", rc > k->refs[c] ? "Leaked" : "ERROR",
+                   (unsigned long long)c, (unsigned long long)rc, k->refs[c]);
         }
     }
     if (!ok) {
