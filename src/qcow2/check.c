@@ -148,9 +148,12 @@ static int coroutine_fn check_l2(Check *k, uint64_t l2off, bool active)
         if (s->extended_l2) {
             uint32_t alloc = (uint32_t)bm, zero = (uint32_t)(bm >> 32);
             bool mapped = off || (qcow2_has_data_file(s) && (e & QCOW2_OFLAG_COPIED));
-            if ((alloc & zero) || (alloc && !mapped)) {
-                ck_say(k, "ERROR invalid subcluster allocation bitmap 0x%llx in L2 entry 0x%llx",
-                    (unsigned long long)bm, (unsigned long long)e);
+            if (alloc && !mapped) {
+                ck_say(k, "ERROR: Unallocated cluster has non-zero subcluster allocation map");
+                k->res->corruptions++;
+            } else if (alloc & zero) {
+                ck_say(k, "ERROR offset=%llx: Allocated cluster has corrupted subcluster allocation bitmap",
+                       (unsigned long long)off);
                 k->res->corruptions++;
             }
         }

@@ -358,6 +358,41 @@ static int coroutine_fn mark_clean(Check *k, const QkCheckResult *res)
     return r;
 }
 
+/* The lines of the check after a repair, held back: qemu-img prints that
+ * check only when something was fixed (otherwise the repair pass, which
+ * named every error, was the whole report). */
+typedef struct {
+    char **line;
+    size_t n;
+    bool lost;      /* out of memory: what is held is incomplete */
+} HeldLines;
+
+static void hold_line(void *opaque, const char *line)
+{
+    HeldLines *h = opaque;
+    char *copy = h->lost ? NULL : strdup(line);
+    char **grown = copy ? realloc(h->line, (h->n + 1) * sizeof(*h->line)) : NULL;
+    if (!grown) {
+        free(copy);
+        h->lost = true;
+        return;
+    }
+    h->line = grown;
+    h->line[h->n++] = copy;
+}
+
+static void release_lines(HeldLines *h, QkCheckReport *report, void *opaque)
+{
+    for (size_t i = 0; i < h->n; i++) {
+        if (report) {
+            report(opaque, h->line[i]);
+        }
+        free(h->line[i]);
+    }
+    free(h->line);
+    memset(h, 0, sizeof(*h));
+}
+
 int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err)
 {
     QkCheckReport *report = k->report;
@@ -381,7 +416,8 @@ int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err)
         return qk_error_set_errno(err, r, "Could not check the image");
     }
     k->copied_repaired = 0;
-    if (before.corruptions || before.leaks) {
+    bool repaired = before.corruptions || before.leaks;
+    if (repaired) {
         k->report = report;
         k->opaque = opaque;
         r = repair(k, fix, err);
@@ -392,13 +428,17 @@ int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err)
             return r;
         }
     }
-    r = ck_run(k, res, report, opaque);
+    HeldLines held = {0};
+    r = ck_run(k, res, hold_line, &held);
     if (r < 0) {
+        release_lines(&held, report, opaque);
         return qk_error_set_errno(err, r, "Could not check the repaired image");
     }
     int found = refs_only.corruptions + k->copied_repaired;
     res->corruptions_fixed = found > res->corruptions ? found - res->corruptions : 0;
     res->leaks_fixed = before.leaks > res->leaks ? before.leaks - res->leaks : 0;
+    bool said = repaired && !res->corruptions_fixed && !res->leaks_fixed && !held.lost;
+    release_lines(&held, said ? NULL : report, opaque);
     r = mark_clean(k, res);
     if (r < 0) {
         return qk_error_set_errno(err, r, "Could not mark the repaired image clean");
