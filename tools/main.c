@@ -65,8 +65,22 @@ static void usage(FILE *f)
                "  driver=raw,file.driver=nbd,file.server.type=unix,file.server.path=SOCK,file.export=E\n");
 }
 
+/* What qemu-img prints when an image turns out corrupt mid-operation,
+ * before the operation's own error. */
+static void say_corrupt(const QkBlock *bs, bool marked, const char *msg)
+{
+    (void)bs;
+    fflush(stdout);
+    if (marked) {
+        fprintf(stderr, "qcow2: Marking image as corrupt: %s; further corruption events will be suppressed\n", msg);
+    } else {
+        fprintf(stderr, "qcow2: Image is corrupt: %s; further non-fatal corruption events will be suppressed\n", msg);
+    }
+}
+
 int main(int argc, char **argv)
 {
+    qk_block_set_corrupt_hook(say_corrupt);
     int i = 1;
     bool aio_threads = false;
     while (i < argc && argv[i][0] == '-') {

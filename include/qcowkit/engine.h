@@ -337,9 +337,16 @@ const char *qk_block_format_name(const QkBlock *bs);
  * guest could write, say, a qcow2 header naming a host file as backing
  * file, read by the next open that guesses again. */
 bool qk_block_format_probed(const QkBlock *bs);
-/* Why the image stopped taking writes after one would have overwritten
- * its own metadata (it is then marked corrupt), or NULL. */
+/* Why the image stopped taking writes (it was found corrupt: a write
+ * would have overwritten its own metadata, or an L2 entry cannot be
+ * followed; a writable image is then marked corrupt), or NULL. */
 const char *qk_block_corrupt_reason(const QkBlock *bs);
+/* Called once per image when it is found corrupt, with the reason in
+ * QEMU's words; marked: the image is writable, so it gets the header's
+ * corrupt bit. For a tool to say it as qemu-img does. Process-wide: set it
+ * once, before images are opened. NULL (the default): nothing is called. */
+typedef void QkCorruptHook(const QkBlock *bs, bool marked, const char *msg);
+void qk_block_set_corrupt_hook(QkCorruptHook *fn);
 const char *qk_block_filename(const QkBlock *bs);
 /* The protocol child (NULL for a protocol node) and the backing node
  * (NULL when none or not opened). */

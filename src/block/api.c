@@ -119,6 +119,7 @@ static void coroutine_fn call_entry(void *opaque)
     case OP_DISCARD: c->ret = qk_co_pdiscard(bs, c->off, c->len); break;
     case OP_FLUSH: c->ret = qk_co_flush(bs); break;
     }
+    c->ret = qk_api_error(bs, c->ret);
 }
 
 static int run(Call c)

@@ -24,6 +24,7 @@
  */
 #include "qcowkit/qcowkit.h"
 #include "aio/loop.h"
+#include "block/api_int.h"
 #include "block/block.h"
 #include "util/iov.h"
 
@@ -199,6 +200,7 @@ static void coroutine_fn req_co(void *opaque)
         r->ret = qk_co_flush(a->bs);
         break;
     }
+    r->ret = qk_api_error(a->bs, r->ret);
     complete(r);
     if (--a->in_flight == 0 && a->idle_waiter) {
         QkCoroutine *w = a->idle_waiter;

@@ -6,6 +6,7 @@
  */
 #include "qcow2/qcow2_int.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,35 +39,44 @@ void qcow2_l2_set(const Qcow2State *s, void *table, uint64_t i, uint64_t e, uint
     }
 }
 
-/* Classifies subcluster sc (0 with standard L2) of an entry. */
-static int classify(const Qcow2State *s, uint64_t e, uint64_t bitmap, unsigned sc, Qcow2Type *type,
+/* Why an L2 entry cannot be followed (classify's answer). */
+enum { ENTRY_OK, ENTRY_UNALIGNED, ENTRY_INVALID, ENTRY_V2_ZERO };
+
+/* Classifies subcluster sc (0 with standard L2) of an entry. The bitmap
+ * is judged whole, as QEMU judges it: one bad subcluster makes the entry
+ * unusable for all, so a write to a good one cannot build on it. */
+static int classify(const Qcow2State *s, uint64_t e, uint64_t bitmap, unsigned sc, bool for_write, Qcow2Type *type,
                     uint64_t *host)
 {
     if (e & QCOW2_OFLAG_COMPRESSED) {
         *type = QCOW2_COMPRESSED;
         *host = 0;
-        return 0;
+        return ENTRY_OK;
     }
     uint64_t off = e & QCOW2_L2E_OFFSET_MASK;
     if (off & (s->cluster_size - 1)) {
-        return -QK_ECORRUPT;
+        return ENTRY_UNALIGNED;
     }
     /* Offset 0 is a real place in a data file (guest cluster 0); there
      * COPIED, which every data-file cluster has, tells it is mapped. */
     bool mapped = off || (qcow2_has_data_file(s) && (e & QCOW2_OFLAG_COPIED));
     if (!s->extended_l2) {
         if (e & QCOW2_OFLAG_ZERO) {
+            if (!qcow2_is_v3(s) && !for_write) {
+                return ENTRY_V2_ZERO; /* version 2 has no zero clusters */
+            }
             *type = off ? QCOW2_ZERO_ALLOC : QCOW2_ZERO_PLAIN;
         } else {
             *type = mapped ? QCOW2_NORMAL : QCOW2_UNALLOC;
         }
         *host = off;
-        return 0;
+        return ENTRY_OK;
     }
-    bool alloc = (bitmap >> sc) & 1, zero = (bitmap >> (32 + sc)) & 1;
-    if ((alloc && zero) || (alloc && !mapped)) {
-        return -QK_ECORRUPT;
+    uint32_t alloc_bits = (uint32_t)bitmap, zero_bits = (uint32_t)(bitmap >> 32);
+    if ((alloc_bits & zero_bits) || (alloc_bits && !mapped)) {
+        return ENTRY_INVALID;
     }
+    bool alloc = (alloc_bits >> sc) & 1, zero = (zero_bits >> sc) & 1;
     if (zero) {
         *type = off ? QCOW2_ZERO_ALLOC : QCOW2_ZERO_PLAIN;
         *host = off ? off + ((uint64_t)sc << s->sc_bits) : 0;
@@ -79,10 +89,43 @@ static int classify(const Qcow2State *s, uint64_t e, uint64_t bitmap, unsigned s
         *type = QCOW2_UNALLOC;
         *host = off ? off + ((uint64_t)sc << s->sc_bits) : 0;
     }
-    return 0;
+    return ENTRY_OK;
 }
 
-int coroutine_fn qcow2_get_extent(Qcow2State *s, uint64_t off, uint64_t max_bytes, Qcow2Extent *ext)
+/* The image is corrupt at entry i of the L2 table at l2off, found while
+ * looking at guest offset pos: said in QEMU's words, which differ between
+ * its read and write paths (its "L2 index" is the entry's place in its
+ * table; its read path doubles a space). */
+static int bad_entry(Qcow2State *s, int why, bool for_write, uint64_t e, uint64_t l2off, uint64_t i, uint64_t pos)
+{
+    unsigned idx = (unsigned)i;
+    uint64_t host = e & QCOW2_L2E_OFFSET_MASK;
+    uint64_t guest = pos & ~(s->cluster_size - 1);
+    switch (why) {
+    case ENTRY_UNALIGNED:
+        if (for_write) {
+            return qcow2_signal_corruption(s, "Data cluster offset %#" PRIx64 " unaligned (guest offset: %#" PRIx64 ")",
+                                           host, pos);
+        }
+        return qcow2_signal_corruption(s, "Cluster allocation offset %#" PRIx64 " unaligned (L2 offset: %#" PRIx64
+                                       ", L2 index: %#x)", host, l2off, idx);
+    case ENTRY_V2_ZERO:
+        return qcow2_signal_corruption(s, "Zero cluster entry found in pre-v3 image (L2 offset: %#" PRIx64
+                                       ", L2 index: %#x)", l2off, idx);
+    case ENTRY_INVALID:
+        return qcow2_signal_corruption(s, "Invalid cluster entry found%s(L2 offset: %#" PRIx64 ", L2 index: %#x)",
+                                       for_write ? " " : "  ", l2off, idx);
+    }
+    if (e & QCOW2_OFLAG_COMPRESSED) {
+        return qcow2_signal_corruption(s, "Compressed cluster entry found in image with external data file "
+                                       "(L2 offset: %#" PRIx64 ", L2 index: %#x)", l2off, idx);
+    }
+    return qcow2_signal_corruption(s, "External data file host cluster offset %#" PRIx64
+                                   " does not match guest cluster offset: %#" PRIx64 ", L2 index: %#x",
+                                   host, guest, idx);
+}
+
+static int coroutine_fn get_extent(Qcow2State *s, uint64_t off, uint64_t max_bytes, bool for_write, Qcow2Extent *ext)
 {
     uint64_t cl = off >> s->cluster_bits;
     uint64_t l1i = cl >> s->l2_bits;
@@ -97,7 +140,8 @@ int coroutine_fn qcow2_get_extent(Qcow2State *s, uint64_t off, uint64_t max_byte
         return 0;
     }
     if (!qk_is_aligned(l2off, s->cluster_size)) {
-        return -QK_ECORRUPT;
+        return qcow2_signal_corruption(s, "L2 table offset %#" PRIx64 " unaligned (L1 index: %#" PRIx64 ")", l2off,
+                                       l1i);
     }
     void *t;
     int r = qcow2_cache_get(s->l2_cache, l2off, &t);
@@ -114,13 +158,14 @@ int coroutine_fn qcow2_get_extent(Qcow2State *s, uint64_t off, uint64_t max_byte
         unsigned sc = (unsigned)((pos & (s->cluster_size - 1)) >> s->sc_bits);
         Qcow2Type type;
         uint64_t host;
-        r = classify(s, e, bm, sc, &type, &host);
-        if (r == 0 && qcow2_has_data_file(s) &&
+        int why = classify(s, e, bm, sc, for_write, &type, &host);
+        if (why == ENTRY_OK && qcow2_has_data_file(s) &&
             (type == QCOW2_COMPRESSED || ((e & QCOW2_L2E_OFFSET_MASK) && (e & QCOW2_L2E_OFFSET_MASK) != c << s->cluster_bits))) {
             /* A data file holds no compressed clusters, and each at its guest offset. */
-            r = -QK_ECORRUPT;
+            why = -1;
         }
-        if (r < 0) {
+        if (why != ENTRY_OK) {
+            r = bad_entry(s, why, for_write, e, l2off, c & (s->l2_entries - 1), pos);
             break;
         }
         uint64_t in_unit = pos & unit_mask;
@@ -158,6 +203,16 @@ int coroutine_fn qcow2_get_extent(Qcow2State *s, uint64_t off, uint64_t max_byte
     }
     ext->bytes = done;
     return 0;
+}
+
+int coroutine_fn qcow2_get_extent(Qcow2State *s, uint64_t off, uint64_t max_bytes, Qcow2Extent *ext)
+{
+    return get_extent(s, off, max_bytes, false, ext);
+}
+
+int coroutine_fn qcow2_get_extent_for_write(Qcow2State *s, uint64_t off, uint64_t max_bytes, Qcow2Extent *ext)
+{
+    return get_extent(s, off, max_bytes, true, ext);
 }
 
 int coroutine_fn qcow2_write_l1_entry(Qcow2State *s, uint64_t i)

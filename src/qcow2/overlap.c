@@ -236,12 +236,7 @@ unsigned qcow2_meta_overlap(Qcow2State *s, uint64_t off, uint64_t len, unsigned 
 /* what: "write on" or "free of", for the message QEMU's words give. */
 static int refuse(Qcow2State *s, unsigned hit, const char *what)
 {
-    if (!s->meta_corrupt) {
-        s->meta_corrupt = true;
-        snprintf(s->meta_corrupt_msg, sizeof(s->meta_corrupt_msg),
-                 "Preventing invalid %s metadata (overlaps with %s)", what, kind_name(hit));
-    }
-    return -EIO;
+    return qcow2_signal_corruption(s, "Preventing invalid %s metadata (overlaps with %s)", what, kind_name(hit));
 }
 
 int qcow2_check_data_write(Qcow2State *s, uint64_t off, uint64_t len)

@@ -8,6 +8,8 @@
 #include "block/dirty_bitmap.h"
 
 #include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,6 +34,31 @@ const char *qk_block_corrupt_reason(const QkBlock *bs)
     }
     const Qcow2State *s = bs->opaque;
     return s->meta_corrupt ? s->meta_corrupt_msg : NULL;
+}
+
+/* Process-wide, as the tools set it once at start-up; reading it from
+ * any thread after that is safe. */
+static QkCorruptHook *corrupt_hook;
+
+void qk_block_set_corrupt_hook(QkCorruptHook *fn)
+{
+    corrupt_hook = fn;
+}
+
+int qcow2_signal_corruption(Qcow2State *s, const char *fmt, ...)
+{
+    if (s->meta_corrupt) {
+        return -EIO; /* the first reason is the one kept and said */
+    }
+    s->meta_corrupt = true;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->meta_corrupt_msg, sizeof(s->meta_corrupt_msg), fmt, ap);
+    va_end(ap);
+    if (corrupt_hook) {
+        corrupt_hook(s->bs, !s->read_only, s->meta_corrupt_msg);
+    }
+    return -EIO;
 }
 
 static int coroutine_fn load_table(Qcow2State *s, uint64_t off, uint64_t entries, uint64_t alloc_entries,

@@ -254,8 +254,8 @@ struct Qcow2State {
     size_t meta_n;
     uint64_t meta_gen, meta_built_gen;
     unsigned meta_checks;
-    bool meta_corrupt;          /* a write over metadata was refused: no more writes */
-    char meta_corrupt_msg[96];
+    bool meta_corrupt;          /* found corrupt (qcow2_signal_corruption): no more writes */
+    char meta_corrupt_msg[160];
     /* overlap.c: the snapshot table and the snapshots' L1 tables (byte
      * ranges), as of the open or the last table written */
     uint64_t snap_table_off, snap_table_len;
@@ -280,17 +280,18 @@ unsigned qcow2_meta_overlap(Qcow2State *s, uint64_t off, uint64_t len, unsigned 
 /* 0, or -EIO for a write of guest data over metadata (or any after one):
  * the image is then to be marked corrupt. */
 int qcow2_check_data_write(Qcow2State *s, uint64_t off, uint64_t len);
-/* The same for a table of KIND written back at its place. */
-/* A guest cluster about to be freed (its L2 entry dropped) that holds
- * live metadata: only a corrupt L2 entry names one, and freeing it would
- * let the table be handed out again. -EIO, and the image is marked
- * corrupt. */
 /* The snapshot table at off (len bytes) holds sn[0..n): what the check
  * protects from now on (n = 0: no table). */
 struct Qcow2Snapshot;
 void qcow2_meta_set_snapshots(Qcow2State *s, const struct Qcow2Snapshot *sn, uint32_t n, uint64_t off,
                               uint64_t len);
+/* A guest cluster about to be freed (its L2 entry dropped) that holds
+ * live metadata: only a corrupt L2 entry names one, and freeing it would
+ * let the table be handed out again. -EIO, and the image is marked
+ * corrupt. */
 int qcow2_check_data_free(Qcow2State *s, uint64_t off, uint64_t len);
+/* The same as qcow2_check_data_write for a table of KIND written back at
+ * its place. */
 int qcow2_check_table_write(Qcow2State *s, uint64_t off, uint64_t len, unsigned kind);
 /* Writes metadata (or a bitmap's data) at off after the same check,
  * ignoring the metadata kinds in ignore (what is rewritten in place). */
@@ -298,6 +299,11 @@ int coroutine_fn qcow2_co_write_new_meta(Qcow2State *s, uint64_t off, uint64_t l
                                          unsigned ignore, int flags);
 /* Sets the header's corrupt bit after a refused write (s->lock held). */
 int coroutine_fn qcow2_mark_corrupt_if_needed(Qcow2State *s);
+/* Records that the image is corrupt (the first reason only; QEMU's words,
+ * without the "qcow2: Marking image as corrupt: " prefix), tells the
+ * corrupt hook, and returns -EIO: from then on the image takes no writes,
+ * and a writable one gets the header's corrupt bit at its next flush. */
+int qcow2_signal_corruption(Qcow2State *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Says the L1 table, the refcount table or the bitmap directory changed
  * (a table added, moved or dropped). */
 void qcow2_meta_changed(Qcow2State *s);
@@ -429,7 +435,15 @@ int coroutine_fn qcow2_drop_empty_refblocks(Qcow2State *s);
 int coroutine_fn qcow2_ensure_file_size(Qcow2State *s, uint64_t end);
 
 /* map.c */
+/* What [off, off+max_bytes) maps to, up to where that changes (ext->bytes).
+ * An L2 entry no reader can follow is corruption (-EIO, said once in
+ * QEMU's words). */
 int coroutine_fn qcow2_get_extent(Qcow2State *s, uint64_t off, uint64_t max_bytes, Qcow2Extent *ext);
+/* The same for a range about to be written, as QEMU's write path judges
+ * it: a version 2 zero flag is then taken as a zero cluster (a write over
+ * the whole cluster replaces it; a partial one fails when its copy-on-write
+ * reads the rest), and corruption is worded as QEMU's write path words it. */
+int coroutine_fn qcow2_get_extent_for_write(Qcow2State *s, uint64_t off, uint64_t max_bytes, Qcow2Extent *ext);
 /* Pins the L2 table for l1_index ready for update (allocating or copying it). */
 int coroutine_fn qcow2_get_l2_for_write(Qcow2State *s, uint64_t l1_index, void **table);
 uint64_t qcow2_l2_get(const Qcow2State *s, const void *table, uint64_t i, uint64_t *bitmap);

@@ -635,11 +635,7 @@ int qcow2_check_free_l2_entry(Qcow2State *s, uint64_t l2e)
     if (qk_is_aligned(off, s->cluster_size)) {
         return off && !qcow2_has_data_file(s) ? qcow2_check_data_free(s, off, s->cluster_size) : 0;
     }
-    if (!s->meta_corrupt) {
-        s->meta_corrupt = true;
-        snprintf(s->meta_corrupt_msg, sizeof(s->meta_corrupt_msg), "Cannot free unaligned cluster %#" PRIx64, off);
-    }
-    return -EIO;
+    return qcow2_signal_corruption(s, "Cannot free unaligned cluster %#" PRIx64, off);
 }
 
 int coroutine_fn qcow2_free_l2_entry(Qcow2State *s, uint64_t l2e)

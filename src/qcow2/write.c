@@ -108,7 +108,7 @@ static int coroutine_fn plan_alloc(Qcow2State *s, uint64_t off, uint64_t bytes, 
 
     Qcow2Extent ext;
     uint64_t first_len = QK_MIN(off + bytes, (p->c0 + 1) * cs) - off;
-    int r = qcow2_get_extent(s, off, first_len, &ext);
+    int r = qcow2_get_extent_for_write(s, off, first_len, &ext);
     if (r < 0) {
         return r;
     }
@@ -485,7 +485,7 @@ static int coroutine_fn write_chunk(Qcow2State *s, uint64_t off, uint64_t bytes,
     Qcow2Req req;
     qcow2_req_begin(s, &req, off, off + bytes, false);
     Qcow2Extent ext;
-    int r = qcow2_get_extent(s, off, bytes, &ext);
+    int r = qcow2_get_extent_for_write(s, off, bytes, &ext);
     if (r == 0 && ext.type == QCOW2_NORMAL && ext.copied) {
         req.end = off + ext.bytes;
         qk_block_debug_event(QK_DBG_WRITE_AIO);

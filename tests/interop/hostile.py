@@ -185,6 +185,24 @@ def compressed_cases(work):
         ]
     return out
 
+def only_marked_as_qemu_marks(img, path, cmd):
+    """Whether the file at path differs from img by the header's corrupt
+    bit alone, and qemu-io, given the same image and command, sets it too
+    (it marks a writable image corrupt when a read finds an L2 entry no
+    reader can follow)."""
+    now = open(path, "rb").read()
+    marked = bytearray(img)
+    marked[79] |= 2
+    if now != bytes(marked):
+        return False
+    q = path + ".qemu"
+    with open(q, "wb") as f:
+        f.write(img)
+    subprocess.run(["qemu-io", "-f", "qcow2", "-c", cmd, q], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    same = open(q, "rb").read() == now
+    os.unlink(q)
+    return same
+
 def qemu_refuses(path):
     """Whether qemu-io fails to read the first (damaged) cluster too."""
     p = subprocess.run(["qemu-io", "-f", "qcow2", "-c", "read 0 64k", path], stdout=subprocess.PIPE,
@@ -753,7 +771,9 @@ def main():
             if frag and frag.lower() not in low:
                 ok = False; why.append("message lacks %r" % frag)
             after = hashlib.sha256(open(path, "rb").read()).hexdigest()
-            if after != before and "rw" not in name:
+            qcmd = cmd.split("'")[1] if "'" in cmd else ""
+            if after != before and "rw" not in name and not (
+                    cmd.startswith("io -c 'read") and only_marked_as_qemu_marks(img, path, qcmd)):
                 ok = False; why.append("file changed")
             print("%s %-28s %-22s %s" % ("ok  " if ok else "FAIL", name, cmd.split(" ")[0], out.strip().splitlines()[-1][:110] if out.strip() else ""))
             if not ok:
@@ -775,7 +795,8 @@ def main():
         chk = subprocess.run([qcowkit, "check", "-f", "qcow2", path], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         after = hashlib.sha256(open(path, "rb").read()).hexdigest()
-        ok = (rd.returncode in (0, 1) and chk.returncode == 2 and before == after and
+        unchanged = before == after or only_marked_as_qemu_marks(mut(bytearray(base)), path, "read 0 64k")
+        ok = (rd.returncode in (0, 1) and chk.returncode == 2 and unchanged and
               "Sanitizer" not in rd.stdout + chk.stdout and "runtime error" not in rd.stdout + chk.stdout)
         print("%s %-28s check exit %d" % ("ok  " if ok else "FAIL", name, chk.returncode))
         if not ok:

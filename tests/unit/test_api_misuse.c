@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -117,5 +118,29 @@ int main(void)
     QK_CHECK_EQ(qemu_img("check -q m.qcow2"), 0);
     /* Only s1: the abandoned save took no snapshot. */
     QK_CHECK_EQ(system("qemu-img snapshot -l m.qcow2 | grep -c '^[0-9]' | grep -qx 1"), 0);
+
+    /* An image found corrupt on the way (an L2 entry pointing inside a
+     * cluster): -QK_ECORRUPT, not a plain I/O error, for the read that
+     * finds it and for the writes refused after it. */
+    QK_CHECK_EQ(qemu_img("create -q -f qcow2 c.qcow2 4M"), 0);
+    QK_CHECK_EQ(system("qemu-io -c 'write -P 1 0 128k' c.qcow2 >/dev/null"), 0);
+    {
+        /* A fresh qemu-img image: L2 table at 0x40000, data from 0x50000. */
+        unsigned char e[8] = {0x80, 0, 0, 0, 0, 0x05, 0x02, 0x00};
+        FILE *f = fopen("c.qcow2", "r+b");
+        QK_CHECK(f && fseek(f, 0x40000, SEEK_SET) == 0 && fwrite(e, 8, 1, f) == 1);
+        if (f) {
+            fclose(f);
+        }
+    }
+    img = qk_image_open("c.qcow2", "qcow2", QK_IMAGE_RDWR, msg, sizeof(msg));
+    QK_CHECK(img != NULL);
+    if (img) {
+        QK_CHECK_EQ(qk_image_pread(img, 0, buf, sizeof(buf)), -QK_ECORRUPT);
+        QK_CHECK_EQ(read_byte(img, 65536), 1);
+        QK_CHECK_EQ(qk_image_pwrite(img, 65536, buf, sizeof(buf)), -QK_ECORRUPT);
+        qk_image_close(img);
+    }
+    QK_CHECK_EQ(system("qemu-img info c.qcow2 | grep -q 'corrupt: true'"), 0);
     QK_TEST_DONE();
 }

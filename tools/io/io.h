@@ -21,7 +21,6 @@ typedef struct QkIo {
     unsigned aio_in_flight;
     QkCoQueue aio_idle;        /* woken when aio_in_flight drops to 0 */
     bool quit;
-    bool corrupt_said;         /* the image's "marking as corrupt" line was printed */
 } QkIo;
 
 typedef struct QkIoCmd {

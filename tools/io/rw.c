@@ -141,14 +141,6 @@ static int coroutine_fn do_rw(IoReq *r)
     int64_t t1 = qk_clock_ns();
     if (ret < 0) {
         const char *what = r->aio ? (r->write ? "aio_write" : "readv") : r->cmd->name;
-        const char *why = qk_block_corrupt_reason(bs);
-        if (why && !r->io->corrupt_said) {
-            /* As qemu-io says it, once. */
-            fflush(stdout);
-            fprintf(stderr, "qcow2: Marking image as corrupt: %s; further corruption events will be suppressed\n",
-                    why);
-            r->io->corrupt_said = true;
-        }
         printf("%s failed: %s\n", what, strerror(-ret));
         return ret;
     }

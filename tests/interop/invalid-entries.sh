@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# L2 entries no reader can follow, treated as QEMU treats them: a zero
+# flag in a version 2 image, an extended-L2 entry with a subcluster both
+# allocated and zero (judged over the whole bitmap, so a request for
+# another subcluster of that cluster fails too), allocation bits on an
+# unallocated cluster, and a host offset inside a cluster. For each, a
+# read, a write into a good subcluster of the bad cluster and a write of
+# the whole cluster:
+#  - fail with EIO and the same "Marking image as corrupt" line (the same
+#    reason, L2 offset and index) as qemu-io's; except the version 2 zero
+#    flag under a write of its whole cluster, which QEMU's write path
+#    takes as a zero cluster and replaces (the same there too);
+#  - leave the image file byte for byte as qemu-io leaves it (the corrupt
+#    bit set on version 3, nothing else written);
+#  - read-only: the same "Image is corrupt" line as qemu-img's;
+#  - the rest of the image still reads back;
+#  - check and check -r all say and do what qemu-img's do (the same
+#    bytes, but in the clusters qemu-img's leak repair discards).
+# Exit 0 pass, 1 fail.
+. "$SRC_DIR/tests/interop/snapshot-lib.bash"
+
+# make IMAGE KIND: 1 MiB, clusters 0-3 written with 0x01 by qemu-io, then
+# cluster 2's L2 entry damaged as KIND says.
+make() {
+  rm -f "$1"
+  case "$2" in
+    v2zero) qemu-img create -q -f qcow2 -o compat=0.10 "$1" 1M ;;
+    unaligned) qemu-img create -q -f qcow2 "$1" 1M ;;
+    *) qemu-img create -q -f qcow2 -o extended_l2=on "$1" 1M ;;
+  esac
+  qemu-io -c 'write -P 1 0 256k' "$1" >/dev/null
+  python3 - "$1" "$2" <<'PY'
+import struct, sys
+path, kind = sys.argv[1], sys.argv[2]
+f = open(path, "r+b")
+h = f.read(104)
+l1 = struct.unpack(">Q", h[40:48])[0]
+ext = kind not in ("v2zero", "unaligned")
+size = 16 if ext else 8
+f.seek(l1)
+l2 = struct.unpack(">Q", f.read(8))[0] & 0x00fffffffffffe00
+at = l2 + 2 * size
+f.seek(at)
+e = struct.unpack(">Q", f.read(8))[0]
+if kind == "v2zero":
+    e |= 1
+elif kind == "unaligned":
+    e += 0x200
+f.seek(at)
+f.write(struct.pack(">Q", e))
+if kind == "alloczero":        # subcluster 3 allocated and zero
+    f.seek(at + 8)
+    bm = struct.unpack(">Q", f.read(8))[0]
+    f.seek(at + 8)
+    f.write(struct.pack(">Q", bm | (1 << 35)))
+elif kind == "unallocbits":    # no host cluster, yet subcluster 5 allocated
+    f.seek(at)
+    f.write(struct.pack(">QQ", 0, 1 << 5))
+PY
+}
+# same_but_free A B: the files are equal but in clusters both count as
+# free (refcount 0: qemu-img's leak repair discards what it frees).
+same_but_free() {
+  python3 - "$1" "$2" <<'PY'
+import struct, sys
+a, b = (open(p, "rb").read() for p in sys.argv[1:3])
+def refcount(img, c):   # 64 KiB clusters, 16-bit refcounts
+    rt = struct.unpack(">Q", img[48:56])[0]
+    rb = struct.unpack(">Q", img[rt + 8 * (c >> 15):rt + 8 * (c >> 15) + 8])[0]
+    return struct.unpack(">H", img[rb + 2 * (c & 0x7fff):rb + 2 * (c & 0x7fff) + 2])[0] if rb else 0
+ok = len(a) == len(b)
+for c in range(0, len(a) >> 16 if ok else 0):
+    if a[c << 16:(c + 1) << 16] != b[c << 16:(c + 1) << 16] and (refcount(a, c) or refcount(b, c)):
+        ok = False
+sys.exit(0 if ok else 1)
+PY
+}
+norm() { sed -e 's/^qemu-io:/TOOL:/' -e 's/^qcowkit:/TOOL:/' -e '/bytes at offset/d' -e '/ops\/sec/d'; }
+
+for kind in v2zero alloczero unallocbits unaligned; do
+  # 136k-138k is subcluster 4 of cluster 2 on extended L2: a good one.
+  for op in "read 136k 2k" "write -P 0xaa 136k 2k" "write -P 0xaa 128k 64k"; do
+    make k.qcow2 $kind
+    cp k.qcow2 q.qcow2
+    ko=$("$QK" io -c "$op" k.qcow2 2>&1; echo "rc=$?")
+    qo=$(qemu-io -c "$op" q.qcow2 2>&1; echo "rc=$?")
+    if [ "$(echo "$ko" | norm)" != "$(echo "$qo" | norm)" ]; then
+      bad "$kind, $op: differs from qemu-io"
+      diff <(echo "$qo" | norm) <(echo "$ko" | norm)
+    fi
+    if [ $kind = v2zero ] && [ "$op" = "write -P 0xaa 128k 64k" ]; then
+      # QEMU's write path takes the flag as a zero cluster: replaced whole.
+      "$QK" io -c 'read -P 0xaa 128k 64k' k.qcow2 >/dev/null || bad "v2zero: the whole-cluster write was lost"
+      qemu-img check -q k.qcow2 || bad "v2zero: not clean after the whole-cluster write"
+    else
+      echo "$ko" | grep -q "Input/output error" || bad "$kind, $op: did not fail with EIO"
+    fi
+    cmp -s k.qcow2 q.qcow2 || bad "$kind, $op: the image differs from what qemu-io left"
+    if [ $kind != v2zero ]; then
+      qemu-img info k.qcow2 | grep -q "corrupt: true" || bad "$kind, $op: not marked corrupt"
+    fi
+  done
+  make k.qcow2 $kind
+  ko=$("$QK" io -r -c "read 136k 2k" k.qcow2 2>&1)
+  qo=$(qemu-io -r -c "read 136k 2k" k.qcow2 2>&1)
+  [ "$(echo "$ko" | norm)" = "$(echo "$qo" | norm)" ] || {
+    bad "$kind: read-only differs from qemu-io"
+    diff <(echo "$qo" | norm) <(echo "$ko" | norm)
+  }
+  echo "$ko" | grep -q "^qcow2: Image is corrupt: " || bad "$kind: read-only message"
+  "$QK" io -r -c 'read -P 1 0 128k' -c 'read -P 1 192k 64k' k.qcow2 >/dev/null ||
+    bad "$kind: the good clusters do not read back"
+  qemu-img info k.qcow2 | grep -q "corrupt: true" && bad "$kind: a read-only open marked it corrupt"
+  # check and check -r all: qemu-img's report (printed once where nothing
+  # could be fixed), exit code and resulting bytes.
+  cp k.qcow2 q.qcow2
+  for fix in "" "-r all"; do
+    ko=$("$QK" check $fix k.qcow2 2>&1; echo "rc=$?")
+    qo=$(qemu-img check $fix q.qcow2 2>&1; echo "rc=$?")
+    [ "$ko" = "$qo" ] || { bad "$kind: check $fix differs from qemu-img's"; diff <(echo "$qo") <(echo "$ko"); }
+    same_but_free k.qcow2 q.qcow2 || bad "$kind: check $fix left other bytes than qemu-img's"
+  done
+done
+exit $fail
