@@ -219,7 +219,7 @@ static int run_amend(int argc, char **argv)
             fputs(usage_text, stdout);
             return 0;
         case ':':
-            return qk_tool_bad_usage("amend", "option requires an argument -- '%c'", optopt);
+            return qk_tool_bad_usage("amend", "missing argument for option '%s'", argv[optind - 1]);
         default:
             return qk_tool_bad_usage("amend", "unrecognized option '%s'", argv[optind - 1]);
         }

@@ -80,7 +80,7 @@ static int run(int argc, char **argv)
                 return 1;
             }
             break;
-        case ':': return qk_tool_usage_error("option '%s' requires an argument", argv[optind - 1]);
+        case ':': return qk_tool_usage_error("missing argument for option '%s'", argv[optind - 1]);
         default: return qk_tool_usage_error("unrecognized option '%s'", argv[optind - 1]);
         }
     }

@@ -308,10 +308,10 @@ static int parse_args(int argc, char **argv, BenchArgs *a, const char **filename
             break;
         case 'h': fputs(usage_text, stdout); return 1;
         case ':':
-            qk_tool_bad_usage("bench", "option '%s' needs an argument", argv[optind - 1]);
+            qk_tool_bad_usage("bench", "missing argument for option '%s'", argv[optind - 1]);
             return -1;
         default:
-            qk_tool_bad_usage("bench", "unknown option '%s'", argv[optind - 1]);
+            qk_tool_bad_usage("bench", "unrecognized option '%s'", argv[optind - 1]);
             return -1;
         }
     }

@@ -168,7 +168,7 @@ static int run(int argc, char **argv)
             qk_tool_error("%s is not supported", argv[optind - 1]);
             return 1;
         case ':':
-            return qk_tool_usage_error("option '%s' requires an argument", argv[optind - 1]);
+            return qk_tool_usage_error("missing argument for option '%s'", argv[optind - 1]);
         default:
             return qk_tool_usage_error("unrecognized option '%s'", argv[optind - 1]);
         }

@@ -141,8 +141,8 @@ static int run(int argc, char **argv)
             }
             break;
         case 'h': fputs(usage_text, stdout); return 0;
-        case ':': return qk_tool_bad_usage("check", "option '%s' needs an argument", argv[optind - 1]);
-        default: return qk_tool_bad_usage("check", "unknown option '%s'", argv[optind - 1]);
+        case ':': return qk_tool_bad_usage("check", "missing argument for option '%s'", argv[optind - 1]);
+        default: return qk_tool_bad_usage("check", "unrecognized option '%s'", argv[optind - 1]);
         }
     }
     if (optind != argc - 1) {

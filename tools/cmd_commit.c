@@ -108,7 +108,7 @@ static int run_commit(int argc, char **argv)
             fputs(usage_text, stdout);
             return 0;
         case ':':
-            return qk_tool_bad_usage("commit", "option requires an argument -- '%c'", optopt);
+            return qk_tool_bad_usage("commit", "missing argument for option '%s'", argv[optind - 1]);
         default:
             return qk_tool_bad_usage("commit", "unrecognized option '%s'", argv[optind - 1]);
         }

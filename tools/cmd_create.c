@@ -119,8 +119,8 @@ static int run(int argc, char **argv)
             opt_lists[nlists++] = optarg;
             break;
         case 'h': fputs(usage_text, stdout); return 0;
-        case ':': return qk_tool_bad_usage("create", "option '%s' needs an argument", argv[optind - 1]);
-        default: return qk_tool_bad_usage("create", "unknown option '%s'", argv[optind - 1]);
+        case ':': return qk_tool_bad_usage("create", "missing argument for option '%s'", argv[optind - 1]);
+        default: return qk_tool_bad_usage("create", "unrecognized option '%s'", argv[optind - 1]);
         }
     }
     if (strcmp(a.fmt, "qcow2") != 0 && strcmp(a.fmt, "raw") != 0) {

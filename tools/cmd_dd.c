@@ -117,7 +117,7 @@ static int run_dd(int argc, char **argv)
             fputs(usage_text, stdout);
             return 0;
         case ':':
-            return qk_tool_bad_usage("dd", "option requires an argument -- '%c'", optopt);
+            return qk_tool_bad_usage("dd", "missing argument for option '%s'", argv[optind - 1]);
         default:
             return qk_tool_bad_usage("dd", "unrecognized option '%s'", argv[optind - 1]);
         }

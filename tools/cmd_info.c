@@ -182,8 +182,8 @@ static int run(int argc, char **argv)
             break;
         case OPT_CHAIN: chain = true; break;
         case 'h': fputs(usage_text, stdout); return 0;
-        case ':': return qk_tool_bad_usage("info", "option '%s' needs an argument", argv[optind - 1]);
-        default: return qk_tool_bad_usage("info", "unknown option '%s'", argv[optind - 1]);
+        case ':': return qk_tool_bad_usage("info", "missing argument for option '%s'", argv[optind - 1]);
+        default: return qk_tool_bad_usage("info", "unrecognized option '%s'", argv[optind - 1]);
         }
     }
     if (optind != argc - 1) {

@@ -106,8 +106,8 @@ static int run(int argc, char **argv)
         case 'U': o.flags |= QK_OPEN_FORCE_SHARE; break;
         case OPT_STRICT: o.strict_alloc_deps = true; break;
         case 'h': fputs(usage_text, stdout); ret = 0; goto out;
-        case ':': qk_tool_bad_usage("io", "option '%s' needs an argument", argv[optind - 1]); goto out;
-        default: qk_tool_bad_usage("io", "unknown option '%s'", argv[optind - 1]); goto out;
+        case ':': qk_tool_bad_usage("io", "missing argument for option '%s'", argv[optind - 1]); goto out;
+        default: qk_tool_bad_usage("io", "unrecognized option '%s'", argv[optind - 1]); goto out;
         }
     }
     if (optind != argc - 1) {

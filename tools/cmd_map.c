@@ -196,8 +196,8 @@ static int run(int argc, char **argv)
             }
             break;
         case 'h': fputs(usage_text, stdout); return 0;
-        case ':': return qk_tool_bad_usage("map", "option '%s' needs an argument", argv[optind - 1]);
-        default: return qk_tool_bad_usage("map", "unknown option '%s'", argv[optind - 1]);
+        case ':': return qk_tool_bad_usage("map", "missing argument for option '%s'", argv[optind - 1]);
+        default: return qk_tool_bad_usage("map", "unrecognized option '%s'", argv[optind - 1]);
         }
     }
     if (optind != argc - 1) {

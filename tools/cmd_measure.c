@@ -696,7 +696,7 @@ static int run_measure(int argc, char **argv)
             break;
         }
         case 'h': fputs(usage_text, stdout); return 0;
-        case ':': return qk_tool_bad_usage("measure", "option '%s' requires an argument", argv[optind - 1]);
+        case ':': return qk_tool_bad_usage("measure", "missing argument for option '%s'", argv[optind - 1]);
         default: return qk_tool_bad_usage("measure", "unrecognized option '%s'", argv[optind - 1]);
         }
     }

@@ -116,7 +116,7 @@ static int run_rebase(int argc, char **argv)
             fputs(usage_text, stdout);
             return 0;
         case ':':
-            return qk_tool_bad_usage("rebase", "option requires an argument -- '%c'", optopt);
+            return qk_tool_bad_usage("rebase", "missing argument for option '%s'", argv[optind - 1]);
         default:
             return qk_tool_bad_usage("rebase", "unrecognized option '%s'", argv[optind - 1]);
         }

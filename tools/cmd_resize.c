@@ -117,7 +117,7 @@ static int run_resize(int argc, char **argv)
             prealloc_set = true;
             break;
         case ':':
-            return qk_tool_usage_error("option '%s' requires an argument", argv[optind - 1]);
+            return qk_tool_usage_error("missing argument for option '%s'", argv[optind - 1]);
         default:
             return qk_tool_usage_error("unrecognized option '%s'", argv[optind - 1]);
         }

@@ -355,8 +355,8 @@ static int run(int argc, char **argv)
             break;
         case OPT_UNBUF: m.vmo.unbuffered = true; break;
         case 'h': fputs(usage_text, stdout); return 0;
-        case ':': return qk_tool_bad_usage("snapshot", "option '%s' needs an argument", argv[optind - 1]);
-        default: return qk_tool_bad_usage("snapshot", "unknown option '%s'", argv[optind - 1]);
+        case ':': return qk_tool_bad_usage("snapshot", "missing argument for option '%s'", argv[optind - 1]);
+        default: return qk_tool_bad_usage("snapshot", "unrecognized option '%s'", argv[optind - 1]);
         }
     }
     if (optind != argc - 1) {

@@ -46,11 +46,11 @@ int qk_tool_bad_usage(const char *cmd, const char *fmt, ...)
 {
     va_list ap;
     fflush(stdout);
-    fprintf(stderr, "%s %s: ", qk_progname, cmd);
+    fprintf(stderr, "%s: ", qk_progname);
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);
     va_end(ap);
-    fprintf(stderr, " (try '%s help %s')\n", qk_progname, cmd);
+    fprintf(stderr, "\nTry '%s help %s' for more information\n", qk_progname, cmd);
     return 1;
 }
 

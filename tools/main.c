@@ -101,8 +101,7 @@ int main(int argc, char **argv)
             }
             i += 2;
         } else {
-            qk_tool_error("unknown option '%s' (try 'qcowkit --help')", argv[i]);
-            return 1;
+            return qk_tool_usage_error("unrecognized option '%s'", argv[i]);
         }
     }
     if (i >= argc) {
@@ -117,15 +116,14 @@ int main(int argc, char **argv)
         }
         const QkCommand *c = find(argv[i + 1]);
         if (!c) {
-            qk_tool_error("unknown command '%s' (try 'qcowkit --help')", argv[i + 1]);
-            return 1;
+            return qk_tool_usage_error("Command not found: %s", argv[i + 1]);
         }
         fputs(c->usage, stdout);
         return 0;
     }
     const QkCommand *c = find(name);
     if (!c) {
-        qk_tool_error("unknown command '%s' (try 'qcowkit --help')", name);
+        qk_tool_usage_error("Command not found: %s", name);
         return 1;
     }
     /* The library falls back to the thread pool silently; say so here. */
