@@ -40,7 +40,7 @@ void qcow2_l2_set(const Qcow2State *s, void *table, uint64_t i, uint64_t e, uint
 }
 
 /* Why an L2 entry cannot be followed (classify's answer). */
-enum { ENTRY_OK, ENTRY_UNALIGNED, ENTRY_INVALID, ENTRY_V2_ZERO };
+enum { ENTRY_OK, ENTRY_UNALIGNED, ENTRY_INVALID, ENTRY_V2_ZERO, ENTRY_DATA_FILE_COMPRESSED };
 
 /* Classifies subcluster sc (0 with standard L2) of an entry. The bitmap
  * is judged whole, as QEMU judges it: one bad subcluster makes the entry
@@ -100,7 +100,6 @@ static int bad_entry(Qcow2State *s, int why, bool for_write, uint64_t e, uint64_
 {
     unsigned idx = (unsigned)i;
     uint64_t host = e & QCOW2_L2E_OFFSET_MASK;
-    uint64_t guest = pos & ~(s->cluster_size - 1);
     switch (why) {
     case ENTRY_UNALIGNED:
         if (for_write) {
@@ -115,14 +114,10 @@ static int bad_entry(Qcow2State *s, int why, bool for_write, uint64_t e, uint64_
     case ENTRY_INVALID:
         return qcow2_signal_corruption(s, "Invalid cluster entry found%s(L2 offset: %#" PRIx64 ", L2 index: %#x)",
                                        for_write ? " " : "  ", l2off, idx);
-    }
-    if (e & QCOW2_OFLAG_COMPRESSED) {
+    default:
         return qcow2_signal_corruption(s, "Compressed cluster entry found in image with external data file "
                                        "(L2 offset: %#" PRIx64 ", L2 index: %#x)", l2off, idx);
     }
-    return qcow2_signal_corruption(s, "External data file host cluster offset %#" PRIx64
-                                   " does not match guest cluster offset: %#" PRIx64 ", L2 index: %#x",
-                                   host, guest, idx);
 }
 
 static int coroutine_fn get_extent(Qcow2State *s, uint64_t off, uint64_t max_bytes, bool for_write, Qcow2Extent *ext)
@@ -159,10 +154,16 @@ static int coroutine_fn get_extent(Qcow2State *s, uint64_t off, uint64_t max_byt
         Qcow2Type type;
         uint64_t host;
         int why = classify(s, e, bm, sc, for_write, &type, &host);
-        if (why == ENTRY_OK && qcow2_has_data_file(s) &&
-            (type == QCOW2_COMPRESSED || ((e & QCOW2_L2E_OFFSET_MASK) && (e & QCOW2_L2E_OFFSET_MASK) != c << s->cluster_bits))) {
-            /* A data file holds no compressed clusters, and each at its guest offset. */
-            why = -1;
+        if (why == ENTRY_OK && qcow2_has_data_file(s) && type == QCOW2_COMPRESSED) {
+            why = ENTRY_DATA_FILE_COMPRESSED; /* a data file holds no compressed clusters */
+        }
+        if (why == ENTRY_OK && qcow2_has_data_file(s) && (e & QCOW2_L2E_OFFSET_MASK) &&
+            (e & QCOW2_L2E_OFFSET_MASK) != c << s->cluster_bits) {
+            /* A data file keeps each cluster at its guest offset. QEMU
+             * reads such an entry where it points; refused here, but
+             * without marking the image, which QEMU would then refuse. */
+            r = -QK_ECORRUPT;
+            break;
         }
         if (why != ENTRY_OK) {
             r = bad_entry(s, why, for_write, e, l2off, c & (s->l2_entries - 1), pos);
