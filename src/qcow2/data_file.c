@@ -46,10 +46,12 @@ int coroutine_fn qcow2_data_file_open(Qcow2State *s, const QkOpenOptions *opts, 
 {
     s->data = s->bs->file;
     if (!(s->h.incompatible_features & QCOW2_INCOMPAT_DATA_FILE)) {
-        if (s->h.autoclear_features & QCOW2_AUTOCLEAR_DATA_FILE_RAW) {
-            /* Meaningless without a data file; a writer clears it. */
-            s->data_raw = false;
+        if ((s->h.autoclear_features & QCOW2_AUTOCLEAR_DATA_FILE_RAW) && !(opts->flags & QK_OPEN_METADATA_ONLY)) {
+            /* The spec allows the bit only with a data file; QEMU refuses
+             * to read or write such an image (info still shows it). */
+            return qk_error_set(err, -EINVAL, "data-file-raw requires a data file");
         }
+        s->data_raw = false;
         return 0;
     }
     const Qcow2Ext *name = NULL;
