@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds qcowkit (normal and ASan/UBSan) and runs every test:
-#   unit tests (each on the io_uring and the threads backend, and again
-#   under the sanitizers), functional tests (golden output) and interop
+#   unit tests (on the io_uring backend, and again under the sanitizers on
+#   io_uring and on the threads backend), functional tests (golden output)
+#   and interop
 #   tests (QEMU's tools as the judge), crash-state tests (tests/crash/) and
 #   a short run of each fuzz target (tests/fuzz/run.sh; needs clang).
 #   Last line: "N passed, N failed, N skipped".
@@ -41,14 +42,15 @@ record() { # name status [seconds]
 
 want() { [ -z "$pattern" ] || [[ "$1" == *"$pattern"* ]]; }
 
-# One lane of unit tests: every test_* binary of a build on each backend.
-# Results go to $out as "@@RESULT name status seconds" lines, with the tail of a
-# failing test's log before its line; record() reads them afterwards, so
-# two lanes (plain and sanitizer builds) can run side by side.
-unit_lane() { # builddir label out
+# One lane of unit tests: every test_* binary of a build on each backend
+# given. Results go to $out as "@@RESULT name status seconds" lines, with
+# the tail of a failing test's log before its line; record() reads them
+# afterwards, so two lanes (plain and sanitizer builds) can run side by
+# side.
+unit_lane() { # builddir label out backend...
   local bin backend out="$3"
   : >"$out"
-  for backend in io_uring threads; do
+  for backend in "${@:4}"; do
     for bin in "$top/$1"/tests/test_*; do
       [ -f "$bin" ] && [ -x "$bin" ] || continue
       local name="unit/$(basename "$bin")[$2,$backend]"
@@ -182,17 +184,17 @@ fuzz_lane() { # out
 # then whatever interop tests the first lane has not started yet.
 # Results are shown once both are done, in this order.
 if [ "${QCOWKIT_TEST_JOBS:-$(nproc)}" -ge 2 ]; then
-  (unit_lane build plain "$scratch/lane.plain"; interop_lane "$scratch/lane.interop") &
+  (unit_lane build plain "$scratch/lane.plain" io_uring; interop_lane "$scratch/lane.interop") &
   lane_pid=$!
-  unit_lane build-asan asan "$scratch/lane.asan"
+  unit_lane build-asan asan "$scratch/lane.asan" io_uring threads
   functional_lane "$scratch/lane.functional"
   crash_lane "$scratch/lane.crash"
   fuzz_lane "$scratch/lane.fuzz"
   interop_lane "$scratch/lane.interop2"
   wait "$lane_pid"
 else
-  unit_lane build plain "$scratch/lane.plain"
-  unit_lane build-asan asan "$scratch/lane.asan"
+  unit_lane build plain "$scratch/lane.plain" io_uring
+  unit_lane build-asan asan "$scratch/lane.asan" io_uring threads
   functional_lane "$scratch/lane.functional"
   interop_lane "$scratch/lane.interop"
   crash_lane "$scratch/lane.crash"
