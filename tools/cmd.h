@@ -49,6 +49,9 @@ void qk_tool_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Parses a size argument or reports "Invalid <what> specified" and returns -1. */
 /* "Invalid WHAT specified. You may use k, M, ... suffixes" as qemu-img says it. */
 void qk_tool_size_error(const char *what);
+/* qk_parse_size, with qemu-img's warning for a hex number with a
+ * multiplier suffix (taken, but deprecated). */
+int qk_tool_size(const char *arg, uint64_t *out);
 int qk_tool_parse_size(const char *arg, const char *what, uint64_t *out);
 /* Reports an unknown option / missing argument in getopt style and returns 1. */
 int qk_tool_bad_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

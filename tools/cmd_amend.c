@@ -118,7 +118,7 @@ static int parse_one(AmendCmd *c, char *kv)
         }
         c->o.refcount_bits = (uint32_t)n;
     } else if (strcmp(kv, "size") == 0) {
-        if (!v || qk_parse_size(v, &c->o.size) < 0) {
+        if (!v || qk_tool_size(v, &c->o.size) < 0) {
             qk_tool_error("Parameter 'size' expects a non-negative number below 2^64");
             fprintf(stderr, "Optional suffix k, M, G, T, P or E means kilo-, mega-, giga-, tera-, peta-\n"
                             "and exabytes, respectively.\n");

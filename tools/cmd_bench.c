@@ -254,20 +254,20 @@ static int parse_args(int argc, char **argv, BenchArgs *a, const char **filename
         case 'n': a->native = true; break;
         case 'i': a->aio = optarg; break;
         case 'o':
-            if (qk_parse_size(optarg, &a->offset) < 0) {
+            if (qk_tool_size(optarg, &a->offset) < 0) {
                 qk_tool_size_error("offset");
                 return -1;
             }
             break;
         case 'q': a->quiet = true; break;
         case 's':
-            if (qk_parse_size(optarg, &a->size) < 0 || a->size > INT32_MAX) {
+            if (qk_tool_size(optarg, &a->size) < 0 || a->size > INT32_MAX) {
                 qk_tool_size_error("buffer size");
                 return -1;
             }
             break;
         case 'S':
-            if (qk_parse_size(optarg, &a->step) < 0 || a->step > INT32_MAX) {
+            if (qk_tool_size(optarg, &a->step) < 0 || a->step > INT32_MAX) {
                 qk_tool_size_error("step_size");
                 return -1;
             }
@@ -301,7 +301,7 @@ static int parse_args(int argc, char **argv, BenchArgs *a, const char **filename
         case OPT_STRICT: a->strict = true; break;
         case OPT_PLAIN: a->plain_buffers = true; break;
         case OPT_CACHE_SIZE:
-            if (qk_parse_size(optarg, &a->cache_size) < 0 || a->cache_size == 0) {
+            if (qk_tool_size(optarg, &a->cache_size) < 0 || a->cache_size == 0) {
                 qk_tool_size_error("cache size");
                 return -1;
             }

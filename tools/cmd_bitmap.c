@@ -150,7 +150,7 @@ static int run(int argc, char **argv)
         case 'f': fmt = optarg; break;
         case 'F': src_fmt = optarg; break;
         case 'g':
-            if (qk_parse_size(optarg, &granularity) < 0) {
+            if (qk_tool_size(optarg, &granularity) < 0) {
                 qk_tool_size_error("granularity");
                 return 1;
             }

@@ -90,7 +90,7 @@ static int run_commit(int argc, char **argv)
             base_name = optarg;
             break;
         case 'r':
-            if (qk_parse_size(optarg, &rate) < 0) {
+            if (qk_tool_size(optarg, &rate) < 0) {
                 qk_tool_size_error("rate limit");
                 return 1;
             }

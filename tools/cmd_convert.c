@@ -168,7 +168,7 @@ static int run_convert(int argc, char **argv)
             break;
         case 'S':
             sparse_set = true;
-            if (qk_parse_size(optarg, &sparse) < 0) {
+            if (qk_tool_size(optarg, &sparse) < 0) {
                 qk_tool_size_error("buffer size for sparse output");
                 return 1;
             }
@@ -186,7 +186,7 @@ static int run_convert(int argc, char **argv)
             }
             break;
         case 'r': {
-            if (qk_parse_size(optarg, &rate) < 0) {
+            if (qk_tool_size(optarg, &rate) < 0) {
                 qk_tool_size_error("rate limit");
                 return 1;
             }

@@ -158,7 +158,7 @@ static int run(int argc, char **argv)
     }
     if (optind < argc) {
         const char *s = argv[optind++];
-        if (qk_parse_size(s, &a.c.o.size) < 0) {
+        if (qk_tool_size(s, &a.c.o.size) < 0) {
             qk_tool_size_error("image size");
             return 1;
         }

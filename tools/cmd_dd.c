@@ -83,7 +83,7 @@ static void coroutine_fn dd_co(void *opaque)
 /* A size operand; qemu-img's two-line message when it is not one. */
 static int parse_operand(const char *what, const char *arg, uint64_t *out)
 {
-    if (qk_parse_size(arg, out) < 0 || *out > INT64_MAX) {
+    if (qk_tool_size(arg, out) < 0 || *out > INT64_MAX) {
         qk_tool_size_error(what);
         return -1;
     }
@@ -127,7 +127,7 @@ static int run_dd(int argc, char **argv)
         size_t kl = eq ? (size_t)(eq - a) : strlen(a);
         const char *v = eq ? eq + 1 : "";
         if (eq && kl == 2 && strncmp(a, "bs", 2) == 0) {
-            if (qk_parse_size(v, &bs) < 0) {
+            if (qk_tool_size(v, &bs) < 0) {
                 qk_tool_size_error("bs");
                 return 1;
             }

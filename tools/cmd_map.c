@@ -184,13 +184,13 @@ static int run(int argc, char **argv)
             }
             break;
         case 's': case OPT_START:
-            if (qk_parse_size(optarg, &m.start) < 0) {
+            if (qk_tool_size(optarg, &m.start) < 0) {
                 qk_tool_size_error("start offset");
                 return 1;
             }
             break;
         case 'l': case OPT_MAXLEN:
-            if (qk_parse_size(optarg, &max_len) < 0) {
+            if (qk_tool_size(optarg, &max_len) < 0) {
                 qk_tool_size_error("max length");
                 return 1;
             }

@@ -60,7 +60,7 @@ static int parse_prealloc(const char *s, QkPrealloc *p)
 static int parse_size_arg(const char *arg, int *sign, uint64_t *n)
 {
     *sign = arg[0] == '+' ? 1 : arg[0] == '-' ? -1 : 0;
-    int r = qk_parse_size(*sign ? arg + 1 : arg, n);
+    int r = qk_tool_size(*sign ? arg + 1 : arg, n);
     if (r == -ERANGE) {
         qk_tool_error("Value '%s' is out of range for parameter 'size'", *sign ? arg + 1 : arg);
         return -1;

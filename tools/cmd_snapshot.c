@@ -379,7 +379,7 @@ static int run(int argc, char **argv)
         return 1;
     }
     const char *fa = getenv("QCOWKIT_VMSTATE_FAIL_AT");
-    if (fa && qk_parse_size(fa, &fail_at) < 0) {
+    if (fa && qk_tool_size(fa, &fail_at) < 0) {
         fail_at = UINT64_MAX;
     }
     const char *file = argv[optind];

@@ -4,8 +4,8 @@
  */
 #include "cmd.h"
 #include <errno.h>
+#include <ctype.h>
 #include <inttypes.h>
-
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,9 +33,28 @@ void qk_tool_size_error(const char *what)
     qk_tool_error("kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.");
 }
 
+int qk_tool_size(const char *arg, uint64_t *out)
+{
+    int r = qk_parse_size(arg, out);
+    const char *p = arg;
+    while (r == 0 && isspace((unsigned char)*p)) {
+        p++;
+    }
+    if (r == 0 && p[0] == '0' && (p[1] == 'x' || p[1] == 'X')) {
+        p += 2;
+        while (isxdigit((unsigned char)*p)) {
+            p++;
+        }
+        if (*p) {
+            qk_tool_error("warning: Using a multiplier suffix on hex numbers is deprecated: %s", arg);
+        }
+    }
+    return r;
+}
+
 int qk_tool_parse_size(const char *arg, const char *what, uint64_t *out)
 {
-    if (qk_parse_size(arg, out) < 0) {
+    if (qk_tool_size(arg, out) < 0) {
         qk_tool_error("Invalid %s specified: '%s'", what, arg);
         return -1;
     }

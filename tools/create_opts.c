@@ -15,7 +15,7 @@
 /* qemu-img's wording for a size it cannot read; prefix is "" or "FILE: ". */
 static int parse_opt_size(const char *prefix, const char *name, const char *v, uint64_t *out)
 {
-    if (qk_parse_size(v, out) < 0) {
+    if (qk_tool_size(v, out) < 0) {
         qk_tool_error("%sParameter '%s' expects a non-negative number below 2^64", prefix, name);
         fputs("Optional suffix k, M, G, T, P or E means kilo-, mega-, giga-, tera-, peta-\n"
               "and exabytes, respectively.\n", stderr);

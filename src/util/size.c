@@ -59,15 +59,20 @@ int qk_parse_size(const char *s, uint64_t *out)
     char *end;
     errno = 0;
     if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
-        /* Hexadecimal bytes, with neither fraction nor suffix (qemu-img's rule). */
+        /* Hexadecimal bytes, without a fraction; a suffix is taken, as
+         * qemu-img 7.2 takes it (deprecated there: the tools warn). */
         unsigned long long hv = strtoull(s, &end, 16);
         if (errno == ERANGE) {
             return -ERANGE;
         }
-        if (end == s + 2 || *end) {
+        unsigned hshift;
+        if (end == s + 2 || suffix_shift(end, &hshift) < 0) {
             return -EINVAL;
         }
-        *out = hv;
+        if (hshift && hv > (UINT64_MAX >> hshift)) {
+            return -ERANGE;
+        }
+        *out = (uint64_t)hv << hshift;
         return 0;
     }
     unsigned long long ival = strtoull(s, &end, 10);

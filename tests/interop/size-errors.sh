@@ -2,7 +2,8 @@
 # Size arguments that do not parse: every command says it as qemu-img
 # does, word for word and on the same two lines ("Invalid WHAT specified.
 # You may use k, M, G, T, P or E suffixes for" / "kilobytes, ..."), with
-# the same exit status. The run uses the ASan build when there is one.
+# the same exit status; a hex number with a suffix is taken, with the same
+# deprecation warning. The run uses the ASan build when there is one.
 # Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/snapshot-lib.bash"
 
@@ -22,6 +23,9 @@ cases=(
   "convert -S abc x.raw y.raw"
   "dd if=x.raw of=y.raw bs=abc"
   "measure --size abc -O qcow2"
+  "create -f raw y.raw 0x10k"
+  "create -f raw y.raw 0x1.5k"
+  "map --start-offset=0x1k x.raw"
 )
 for c in "${cases[@]}"; do
   rm -f y.raw

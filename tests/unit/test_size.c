@@ -26,10 +26,15 @@ int main(void)
     QK_CHECK_EQ(qk_parse_size("1.5", &v), -EINVAL);
     QK_CHECK_EQ(qk_parse_size("99999999999999999999", &v), -ERANGE);
     QK_CHECK_EQ(qk_parse_size("16777216T", &v), -ERANGE);
-    /* As qemu-img: hexadecimal bytes (no fraction, no suffix), leading blanks. */
+    /* As qemu-img: hexadecimal bytes (no fraction), leading blanks. */
     QK_CHECK_EQ(qk_parse_size("0x100000", &v), 0); QK_CHECK_EQ(v, 1ULL << 20);
     QK_CHECK_EQ(qk_parse_size("0X10", &v), 0); QK_CHECK_EQ(v, 16);
-    QK_CHECK_EQ(qk_parse_size("0x10k", &v), -EINVAL);
+    /* A suffix on hex is taken, as qemu-img 7.2 takes it (deprecated). */
+    QK_CHECK_EQ(qk_parse_size("0x10k", &v), 0); QK_CHECK_EQ(v, 16ULL << 10);
+    QK_CHECK_EQ(qk_parse_size("0x2M", &v), 0); QK_CHECK_EQ(v, 2ULL << 20);
+    QK_CHECK_EQ(qk_parse_size("0x10q", &v), -EINVAL);
+    QK_CHECK_EQ(qk_parse_size("0x1.5k", &v), -EINVAL);
+    QK_CHECK_EQ(qk_parse_size("0xffffffffffffffK", &v), -ERANGE);
     QK_CHECK_EQ(qk_parse_size("0x1.5", &v), -EINVAL);
     QK_CHECK_EQ(qk_parse_size("0x", &v), -EINVAL);
     QK_CHECK_EQ(qk_parse_size("0x10000000000000000", &v), -ERANGE);
