@@ -11,10 +11,25 @@
 #include "cmd.h"
 #include "progress.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* A number as qemu-img reads -m (strtol's rules: leading blanks, a sign,
+ * 0x or 0 prefixes), all of the argument used. */
+static int parse_long(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 0);
+    if (errno || end == s || *end || v < 0) {
+        return -EINVAL;
+    }
+    *out = (uint64_t)v;
+    return 0;
+}
 
 static const char *const usage_text =
     "Usage: qcowkit convert [-c] [-p] [-q] [-n] [-W] [-U] [-C] [-f FMT] [-O OUTPUT_FMT]\n"
@@ -180,7 +195,7 @@ static int run_convert(int argc, char **argv)
             break;
         case 'm':
             workers_set = true;
-            if (qk_parse_uint(optarg, &workers) < 0 || workers < 1 || workers > 16) {
+            if (parse_long(optarg, &workers) < 0 || workers < 1 || workers > 16) {
                 qk_tool_error("Invalid number of coroutines. Allowed number of coroutines is between 1 and 16");
                 return 1;
             }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Usage errors said as qemu-img says them: its first line word for word
 # (a missing file name, an unrecognized option, a missing argument, a bad
-# -r value), then a "Try ... for more information" line (which names the
-# command's own help), and the same exit status. The run uses the ASan
+# -r value, a -m out of range), then a "Try ... for more information" line
+# (which names the command's own help), and the same exit status; the -m
+# forms qemu-img takes (a sign, 0x) are taken. The run uses the ASan
 # build when there is one. Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/snapshot-lib.bash"
 
@@ -15,6 +16,8 @@ cases=(
   "rebase -z x.qcow2" "amend -z x.qcow2" "dd -z" "snapshot -z x.qcow2" "bench -z x.qcow2"
   "info -f" "check -f" "map -f" "commit -b" "rebase -b" "amend -o" "dd -f" "create -f"
   "check -r foo x.qcow2" "nosuch" "--bogus"
+  "convert -m 17 x.qcow2 y.qcow2" "convert -m -4 x.qcow2 y.qcow2" "convert -m 4x x.qcow2 y.qcow2"
+  "convert -m +4 -O raw x.qcow2 y.qcow2" "convert -m 0x4 -O raw x.qcow2 y.qcow2"
 )
 for c in "${cases[@]}"; do
   rm -f y.qcow2
