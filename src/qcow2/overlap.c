@@ -131,8 +131,9 @@ void qcow2_meta_set_snapshots(Qcow2State *s, const Qcow2Snapshot *sn, uint32_t n
     /* Out of memory: the snapshots' tables go unprotected, as before. */
     s->snap_l1_n = s->snap_l1 ? n : 0;
     for (uint32_t i = 0; i < s->snap_l1_n; i++) {
-        s->snap_l1[i][0] = sn[i].l1_offset;
-        s->snap_l1[i][1] = (uint64_t)sn[i].l1_size * 8;
+        /* A table outside the file protects nothing there. */
+        s->snap_l1[i][0] = sn[i].l1_bad ? 0 : sn[i].l1_offset;
+        s->snap_l1[i][1] = sn[i].l1_bad ? 0 : (uint64_t)sn[i].l1_size * 8;
     }
     s->snap_table_off = n ? off : 0;
     s->snap_table_len = n ? len : 0;

@@ -253,7 +253,7 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
         uint32_t n;
         uint64_t len;
         QkError serr = {0};
-        if (qcow2_snapshots_read(s, &sn, &n, &len, &serr) == 0) {
+        if (qcow2_snapshots_read_lenient(s, &sn, &n, &len, &serr) == 0) {
             qcow2_meta_set_snapshots(s, sn, n, s->h.snapshots_offset, len);
             qcow2_snapshots_free(sn, n);
         }

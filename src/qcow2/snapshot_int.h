@@ -39,6 +39,7 @@ typedef struct Qcow2Snapshot {
     uint8_t *extra_unknown;      /* extra data past the fields we know, kept */
     uint32_t extra_unknown_len;
     uint32_t extra_dropped;      /* capped read: extra bytes on disk, when cut to the limit */
+    bool l1_bad;                 /* lenient read: the L1 table is not where it can be read */
 } Qcow2Snapshot;
 
 /* snapshot_table.c */
@@ -51,6 +52,12 @@ int coroutine_fn qcow2_snapshots_read(Qcow2State *s, Qcow2Snapshot **out, uint32
  * check -r all keeps it; *capped counts such entries. */
 int coroutine_fn qcow2_snapshots_read_capped(Qcow2State *s, Qcow2Snapshot **out, uint32_t *n, uint64_t *table_len,
                                              uint32_t *capped, QkError *err);
+/* The same, except that an entry whose L1 table lies outside the file
+ * (or is unaligned, or too big) is kept with l1_bad set instead of
+ * refusing the table: enough to list the snapshots and to delete such a
+ * one (its clusters then leak), as qemu-img does. */
+int coroutine_fn qcow2_snapshots_read_lenient(Qcow2State *s, Qcow2Snapshot **out, uint32_t *n, uint64_t *table_len,
+                                              QkError *err);
 void qcow2_snapshots_free(Qcow2Snapshot *sn, uint32_t n);
 /* Writes sn[0..n) to new clusters, makes the header point at them, then
  * frees the old table. A crash leaves the old or the new table, never a

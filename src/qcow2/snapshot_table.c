@@ -58,7 +58,7 @@ static int parse_entry(Qcow2State *s, const uint8_t *fixed, const uint8_t *var, 
 }
 
 static int coroutine_fn read_table(Qcow2State *s, Qcow2Snapshot **out, uint32_t *n, uint64_t *table_len,
-                                   uint32_t *capped, QkError *err)
+                                   uint32_t *capped, bool lenient, QkError *err)
 {
     *out = NULL;
     *n = 0;
@@ -135,6 +135,11 @@ static int coroutine_fn read_table(Qcow2State *s, Qcow2Snapshot **out, uint32_t 
         if ((uint64_t)sn[i].l1_size * 8 > QCOW2_MAX_L1_BYTES ||
             !qk_is_aligned(sn[i].l1_offset, s->cluster_size) ||
             (sn[i].l1_size && !qk_range_within(sn[i].l1_offset, (uint64_t)sn[i].l1_size * 8, (uint64_t)flen))) {
+            if (lenient) {
+                sn[i].l1_bad = true; /* never read, so not counted below */
+                pos += ent_len;
+                continue;
+            }
             r = qk_error_corrupt(err, "snapshot '%s' has an invalid L1 table", sn[i].name);
             i++;
             break;
@@ -167,14 +172,20 @@ static int coroutine_fn read_table(Qcow2State *s, Qcow2Snapshot **out, uint32_t 
 int coroutine_fn qcow2_snapshots_read(Qcow2State *s, Qcow2Snapshot **out, uint32_t *n, uint64_t *table_len,
                                       QkError *err)
 {
-    return read_table(s, out, n, table_len, NULL, err);
+    return read_table(s, out, n, table_len, NULL, false, err);
+}
+
+int coroutine_fn qcow2_snapshots_read_lenient(Qcow2State *s, Qcow2Snapshot **out, uint32_t *n, uint64_t *table_len,
+                                              QkError *err)
+{
+    return read_table(s, out, n, table_len, NULL, true, err);
 }
 
 int coroutine_fn qcow2_snapshots_read_capped(Qcow2State *s, Qcow2Snapshot **out, uint32_t *n, uint64_t *table_len,
                                              uint32_t *capped, QkError *err)
 {
     *capped = 0;
-    return read_table(s, out, n, table_len, capped, err);
+    return read_table(s, out, n, table_len, capped, false, err);
 }
 
 static uint32_t extra_len(const Qcow2Snapshot *sn)

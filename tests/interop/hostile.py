@@ -358,6 +358,47 @@ def run_bad_snapshot_apply(qcowkit, work, env):
                                                     (p.stdout + rd.stdout).strip().replace("\n", "\n     ")[:2000]))
     return fails
 
+# A snapshot whose L1 table lies past the end of the file: as in qemu-img,
+# the snapshots are listed, the other one is deleted, and the bad one is
+# deleted too (what it referenced leaks: check exits 3). Applying it is
+# refused with the file unchanged (qemu-img 7.2 goes ahead, and the disk
+# then reads as what 8 bytes past the end of the file give). Every
+# listing, deletion's exit status and the check's is qemu-img's; the
+# guest data reads back.
+def run_snapshot_l1_past_eof(qcowkit, work, env):
+    fails = 0
+    orig = os.path.join(work, "snl1.qcow2")
+    snapshot_image(orig, "4M", "write -P 0x11 0 1M", "write -P 0x33 0 64k")
+    sh(["qemu-img", "snapshot", "-c", "s2", orig])
+    img = bytearray(open(orig, "rb").read())
+    be("Q", img, struct.unpack_from(">Q", img, 64)[0], 1 << 40)   # s1's l1_table_offset
+    imgs = {}
+    for tool in ("qemu-img", qcowkit):   # the same bytes (and dates) for both
+        imgs[tool] = os.path.join(work, "snl1-%d.qcow2" % len(imgs))
+        with open(imgs[tool], "wb") as f:
+            f.write(img)
+    steps = []
+    for tool, path in imgs.items():
+        before = open(path, "rb").read()
+        a = subprocess.run([tool, "snapshot", "-a", "s1", path], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+        unchanged = open(path, "rb").read() == before
+        out = []
+        for cmd in (["-l"], ["-d", "s2"], ["-l"], ["-d", "s1"], ["-l"]):
+            p = subprocess.run([tool, "snapshot"] + cmd + [path], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True)
+            out.append((cmd[0], p.returncode, p.stdout))
+        chk = sh(["qemu-img", "check", path]).returncode
+        rd = sh(["qemu-io", "-r", "-f", "qcow2", "-c", "read -P 0x33 0 64k", "-c", "read -P 0x11 64k 960k", path])
+        steps.append((a.returncode, unchanged, out, chk, "verification failed" not in rd.stdout, a.stdout))
+    q, k = steps
+    ok = (k[0] == 1 and k[1] and k[2] == q[2] and k[3] == q[3] == 3 and k[4] and "Sanitizer" not in k[5])
+    print("%s snapshot L1 past the end of the file: list, delete" % ("ok  " if ok else "FAIL"))
+    if not ok:
+        fails += 1
+        print("     qcowkit %r\n     qemu-img %r" % (k, q))
+    return fails
+
 # An image whose external data file is a FIFO: opening it used to wait for
 # a writer forever, in every command. info describes the image (as
 # qemu-img does); commands that need the data fail at once.
@@ -808,6 +849,7 @@ def main():
             print("     " + (rd.stdout + chk.stdout).strip().replace("\n", "\n     ")[:2000])
     fails += run_unaligned_free(qcowkit, work, env)
     fails += run_bad_snapshot_apply(qcowkit, work, env)
+    fails += run_snapshot_l1_past_eof(qcowkit, work, env)
     fails += run_fifo_data_file(qcowkit, work, env)
     fails += run_bitmap_names_l1(qcowkit, work, env)
     fails += run_compressed_subcluster_bits(qcowkit, work, env)
