@@ -3,8 +3,8 @@
  * one consistent voice.
  */
 #include "cmd.h"
-#include <errno.h>
 #include <ctype.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>

@@ -14,6 +14,7 @@
  */
 #include "qcow2/snapshot_int.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +85,19 @@ static bool names_live_metadata(Qcow2State *s, int addend, uint64_t off, uint64_
     return addend < 0 && qcow2_meta_overlap(s, off, len, 0) != 0;
 }
 
+/* An L2 table offset, or a data cluster's, that is not where a cluster
+ * starts: corruption, said in QEMU's words (its walks mark the image). */
+static int bad_l2_offset(Qcow2State *s, uint64_t l2off, uint64_t l1i)
+{
+    return qcow2_signal_corruption(s, "L2 table offset %#" PRIx64 " unaligned (L1 index: %#" PRIx64 ")", l2off, l1i);
+}
+
+static int bad_data_offset(Qcow2State *s, uint64_t off, uint64_t l2off, uint64_t j)
+{
+    return qcow2_signal_corruption(s, "Cluster allocation offset %#" PRIx64 " unaligned (L2 offset: %#" PRIx64
+                                   ", L2 index: %#x)", off, l2off, (unsigned)j);
+}
+
 /* One L2 table of the walk (see qcow2_walk_l1). */
 static int coroutine_fn walk_l2(Qcow2State *s, uint64_t l2off, int addend, bool fix_copied)
 {
@@ -117,7 +131,7 @@ static int coroutine_fn walk_l2(Qcow2State *s, uint64_t l2off, int addend, bool 
             continue;
         }
         if (!qk_is_aligned(off, s->cluster_size)) {
-            r = -QK_ECORRUPT;
+            r = bad_data_offset(s, off, l2off, j);
             break;
         }
         if (names_live_metadata(s, addend, off, s->cluster_size)) {
@@ -169,7 +183,7 @@ int coroutine_fn qcow2_walk_l1(Qcow2State *s, uint64_t *l1, uint64_t n, int adde
             continue;
         }
         if (!qk_is_aligned(l2off, s->cluster_size)) {
-            return -QK_ECORRUPT;
+            return bad_l2_offset(s, l2off, i);
         }
         /* The table is released before its own refcount may drop to 0. */
         int r = walk_l2(s, l2off, addend, fix_copied);
@@ -308,7 +322,7 @@ static int coroutine_fn drop_copied_active(Qcow2State *s)
             continue;
         }
         if (!qk_is_aligned(l2off, s->cluster_size)) {
-            return -QK_ECORRUPT;
+            return bad_l2_offset(s, l2off, i);
         }
         void *t;
         r = qcow2_cache_get(s->l2_cache, l2off, &t);
@@ -425,6 +439,15 @@ static int coroutine_fn create_locked(Qcow2State *s, const QkSnapshotInfo *info,
         return qk_error_set(err, -ENOMEM, "out of memory");
     }
 
+    /* A walk that adds nothing only looks: every table and cluster of the
+     * active tree must start where a cluster does, before anything
+     * changes. A walk that stopped half way would leave COPIED flags
+     * cleared on clusters still counted once. */
+    r = qcow2_walk_l1(s, s->l1, s->l1_size, 0, false, NULL);
+    if (r < 0) {
+        qk_error_set_errno(err, r, "Could not update the refcounts");
+        goto out;
+    }
     /* The snapshot's copy of L1, written before anything refers to it. */
     uint64_t l1_bytes = l1_clusters_bytes(s, s->l1_size);
     int64_t l1off = qcow2_alloc_clusters(s, l1_bytes >> s->cluster_bits);

@@ -399,6 +399,39 @@ def run_snapshot_l1_past_eof(qcowkit, work, env):
         print("     qcowkit %r\n     qemu-img %r" % (k, q))
     return fails
 
+# snapshot -c on an image whose active tree names a cluster (or an L2
+# table) at an offset inside a cluster: refused before anything changes,
+# with QEMU's "Marking image as corrupt" line and its corrupt bit (the
+# file otherwise byte for byte as it was). It used to clear the COPIED
+# flags, fail half way, and leave more errors than it found.
+def run_snapshot_create_bad_tree(qcowkit, work, env):
+    fails = 0
+    for what, at, val in (("data cluster", 0x40000, 0x8000000000050200), ("L2 table", 0x30000, 0x8000000000040200)):
+        path = os.path.join(work, "sncb.qcow2")
+        sh(["rm", "-f", path])
+        sh(["qemu-img", "create", "-q", "-f", "qcow2", path, "4M"])
+        sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x11 0 128k", "-c", "write -P 0x33 1M 64k", path])
+        img = bytearray(open(path, "rb").read())
+        be("Q", img, at, val)
+        open(path, "wb").write(img)
+        qpath = path + ".q"
+        open(qpath, "wb").write(img)
+        k = subprocess.run([qcowkit, "snapshot", "-c", "x", path], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+        q = sh(["qemu-img", "snapshot", "-c", "x", qpath])
+        marked = bytearray(img)
+        marked[79] |= 2
+        kline = [l for l in k.stdout.splitlines() if l.startswith("qcow2: ")]
+        qline = [l for l in q.stdout.splitlines() if l.startswith("qcow2: ")]
+        ok = (k.returncode == q.returncode == 1 and open(path, "rb").read() == bytes(marked) and
+              kline == qline and len(kline) == 1 and "Sanitizer" not in k.stdout)
+        print("%s snapshot -c over an unaligned %s" % ("ok  " if ok else "FAIL", what))
+        if not ok:
+            fails += 1
+            print("     qcowkit exit %d: %s\n     qemu-img exit %d: %s" % (k.returncode, k.stdout.strip(),
+                                                                     q.returncode, q.stdout.strip()))
+    return fails
+
 # An image whose external data file is a FIFO: opening it used to wait for
 # a writer forever, in every command. info describes the image (as
 # qemu-img does); commands that need the data fail at once.
@@ -850,6 +883,7 @@ def main():
     fails += run_unaligned_free(qcowkit, work, env)
     fails += run_bad_snapshot_apply(qcowkit, work, env)
     fails += run_snapshot_l1_past_eof(qcowkit, work, env)
+    fails += run_snapshot_create_bad_tree(qcowkit, work, env)
     fails += run_fifo_data_file(qcowkit, work, env)
     fails += run_bitmap_names_l1(qcowkit, work, env)
     fails += run_compressed_subcluster_bits(qcowkit, work, env)
