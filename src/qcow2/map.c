@@ -166,7 +166,10 @@ static int coroutine_fn get_extent(Qcow2State *s, uint64_t off, uint64_t max_byt
             break;
         }
         if (why != ENTRY_OK) {
-            r = bad_entry(s, why, for_write, e, l2off, c & (s->l2_entries - 1), pos);
+            /* After a good stretch, that stretch is the answer: the next
+             * call, starting at the bad entry, fails there (so errors name
+             * the right offset, as QEMU's do). */
+            r = done ? 0 : bad_entry(s, why, for_write, e, l2off, c & (s->l2_entries - 1), pos);
             break;
         }
         uint64_t in_unit = pos & unit_mask;

@@ -15,7 +15,8 @@
 #  - read-only: the same "Image is corrupt" line as qemu-img's;
 #  - the rest of the image still reads back;
 #  - check and check -r all say and do what qemu-img's do (the same
-#    bytes, but in the clusters qemu-img's leak repair discards).
+#    bytes, but in the clusters qemu-img's leak repair discards);
+#  - convert over a bad entry after good ones names its offset.
 # Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/snapshot-lib.bash"
 
@@ -121,4 +122,22 @@ for kind in v2zero alloczero unallocbits unaligned; do
     same_but_free k.qcow2 q.qcow2 || bad "$kind: check $fix left other bytes than qemu-img's"
   done
 done
+# A bad entry after good clusters: the copy fails at that cluster, and
+# says so with its offset (458752), as qemu-img's does.
+qemu-img create -q -f qcow2 c.qcow2 1M
+qemu-io -c 'write -P 1 0 512k' c.qcow2 >/dev/null
+python3 - c.qcow2 <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+f.seek(40); l1 = struct.unpack(">Q", f.read(8))[0]
+f.seek(l1); l2 = struct.unpack(">Q", f.read(8))[0] & 0x00fffffffffffe00
+f.seek(l2 + 7 * 8); e = struct.unpack(">Q", f.read(8))[0]
+f.seek(l2 + 7 * 8); f.write(struct.pack(">Q", e + 0x200))
+PY
+ko=$("$QK" convert -O raw c.qcow2 k.raw 2>&1; echo "rc=$?")
+qo=$(qemu-img convert -O raw c.qcow2 q.raw 2>&1; echo "rc=$?")
+[ "$(echo "$ko" | norm)" = "$(echo "$qo" | sed 's/^qemu-img:/TOOL:/')" ] || {
+  bad "convert over a bad entry at cluster 7 differs from qemu-img's"
+  diff <(echo "$qo" | sed 's/^qemu-img:/TOOL:/') <(echo "$ko" | norm)
+}
 exit $fail
