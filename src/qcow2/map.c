@@ -92,6 +92,17 @@ static int classify(const Qcow2State *s, uint64_t e, uint64_t bitmap, unsigned s
     return ENTRY_OK;
 }
 
+int qcow2_bad_l2_offset(Qcow2State *s, uint64_t l2off, uint64_t l1i)
+{
+    return qcow2_signal_corruption(s, "L2 table offset %#" PRIx64 " unaligned (L1 index: %#" PRIx64 ")", l2off, l1i);
+}
+
+int qcow2_bad_data_offset(Qcow2State *s, uint64_t host, uint64_t l2off, uint64_t i)
+{
+    return qcow2_signal_corruption(s, "Cluster allocation offset %#" PRIx64 " unaligned (L2 offset: %#" PRIx64
+                                   ", L2 index: %#x)", host, l2off, (unsigned)i);
+}
+
 /* The image is corrupt at entry i of the L2 table at l2off, found while
  * looking at guest offset pos: said in QEMU's words, which differ between
  * its read and write paths (its "L2 index" is the entry's place in its
@@ -106,8 +117,7 @@ static int bad_entry(Qcow2State *s, int why, bool for_write, uint64_t e, uint64_
             return qcow2_signal_corruption(s, "Data cluster offset %#" PRIx64 " unaligned (guest offset: %#" PRIx64 ")",
                                            host, pos);
         }
-        return qcow2_signal_corruption(s, "Cluster allocation offset %#" PRIx64 " unaligned (L2 offset: %#" PRIx64
-                                       ", L2 index: %#x)", host, l2off, idx);
+        return qcow2_bad_data_offset(s, host, l2off, i);
     case ENTRY_V2_ZERO:
         return qcow2_signal_corruption(s, "Zero cluster entry found in pre-v3 image (L2 offset: %#" PRIx64
                                        ", L2 index: %#x)", l2off, idx);
@@ -135,8 +145,7 @@ static int coroutine_fn get_extent(Qcow2State *s, uint64_t off, uint64_t max_byt
         return 0;
     }
     if (!qk_is_aligned(l2off, s->cluster_size)) {
-        return qcow2_signal_corruption(s, "L2 table offset %#" PRIx64 " unaligned (L1 index: %#" PRIx64 ")", l2off,
-                                       l1i);
+        return qcow2_bad_l2_offset(s, l2off, l1i);
     }
     void *t;
     int r = qcow2_cache_get(s->l2_cache, l2off, &t);
@@ -234,7 +243,7 @@ int coroutine_fn qcow2_get_l2_for_write(Qcow2State *s, uint64_t l1i, void **tabl
     uint64_t l1e = s->l1[l1i];
     uint64_t old = l1e & QCOW2_L1E_OFFSET_MASK;
     if (old && !qk_is_aligned(old, s->cluster_size)) {
-        return -QK_ECORRUPT;
+        return qcow2_bad_l2_offset(s, old, l1i);
     }
     if (old && (l1e & QCOW2_OFLAG_COPIED)) {
         return qcow2_cache_get(s->l2_cache, old, table);

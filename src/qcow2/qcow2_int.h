@@ -444,6 +444,11 @@ int coroutine_fn qcow2_get_extent(Qcow2State *s, uint64_t off, uint64_t max_byte
  * the whole cluster replaces it; a partial one fails when its copy-on-write
  * reads the rest), and corruption is worded as QEMU's write path words it. */
 int coroutine_fn qcow2_get_extent_for_write(Qcow2State *s, uint64_t off, uint64_t max_bytes, Qcow2Extent *ext);
+/* An L2 table (L1 entry l1i) or a data cluster (entry i of the L2 table
+ * at l2off) that does not start where a cluster does: the image is found
+ * corrupt, in QEMU's words (qcow2_signal_corruption; returns -EIO). */
+int qcow2_bad_l2_offset(Qcow2State *s, uint64_t l2off, uint64_t l1i);
+int qcow2_bad_data_offset(Qcow2State *s, uint64_t host, uint64_t l2off, uint64_t i);
 /* Pins the L2 table for l1_index ready for update (allocating or copying it). */
 int coroutine_fn qcow2_get_l2_for_write(Qcow2State *s, uint64_t l1_index, void **table);
 uint64_t qcow2_l2_get(const Qcow2State *s, const void *table, uint64_t i, uint64_t *bitmap);

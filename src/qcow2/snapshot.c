@@ -14,7 +14,6 @@
  */
 #include "qcow2/snapshot_int.h"
 
-#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,19 +84,6 @@ static bool names_live_metadata(Qcow2State *s, int addend, uint64_t off, uint64_
     return addend < 0 && qcow2_meta_overlap(s, off, len, 0) != 0;
 }
 
-/* An L2 table offset, or a data cluster's, that is not where a cluster
- * starts: corruption, said in QEMU's words (its walks mark the image). */
-static int bad_l2_offset(Qcow2State *s, uint64_t l2off, uint64_t l1i)
-{
-    return qcow2_signal_corruption(s, "L2 table offset %#" PRIx64 " unaligned (L1 index: %#" PRIx64 ")", l2off, l1i);
-}
-
-static int bad_data_offset(Qcow2State *s, uint64_t off, uint64_t l2off, uint64_t j)
-{
-    return qcow2_signal_corruption(s, "Cluster allocation offset %#" PRIx64 " unaligned (L2 offset: %#" PRIx64
-                                   ", L2 index: %#x)", off, l2off, (unsigned)j);
-}
-
 /* One L2 table of the walk (see qcow2_walk_l1). */
 static int coroutine_fn walk_l2(Qcow2State *s, uint64_t l2off, int addend, bool fix_copied)
 {
@@ -131,7 +117,7 @@ static int coroutine_fn walk_l2(Qcow2State *s, uint64_t l2off, int addend, bool 
             continue;
         }
         if (!qk_is_aligned(off, s->cluster_size)) {
-            r = bad_data_offset(s, off, l2off, j);
+            r = qcow2_bad_data_offset(s, off, l2off, j);
             break;
         }
         if (names_live_metadata(s, addend, off, s->cluster_size)) {
@@ -183,7 +169,7 @@ int coroutine_fn qcow2_walk_l1(Qcow2State *s, uint64_t *l1, uint64_t n, int adde
             continue;
         }
         if (!qk_is_aligned(l2off, s->cluster_size)) {
-            return bad_l2_offset(s, l2off, i);
+            return qcow2_bad_l2_offset(s, l2off, i);
         }
         /* The table is released before its own refcount may drop to 0. */
         int r = walk_l2(s, l2off, addend, fix_copied);
@@ -322,7 +308,7 @@ static int coroutine_fn drop_copied_active(Qcow2State *s)
             continue;
         }
         if (!qk_is_aligned(l2off, s->cluster_size)) {
-            return bad_l2_offset(s, l2off, i);
+            return qcow2_bad_l2_offset(s, l2off, i);
         }
         void *t;
         r = qcow2_cache_get(s->l2_cache, l2off, &t);
