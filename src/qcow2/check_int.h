@@ -59,6 +59,9 @@ int coroutine_fn ck_run(Check *k, QkCheckResult *res, QkCheckReport *report, voi
 /* The refcount stored for a cluster; false when it cannot be read. */
 bool coroutine_fn ck_stored_rc(Check *k, uint64_t c, uint64_t *rc);
 bool ck_table_ok(Check *k, uint64_t off, uint64_t len);
+/* Reports (and counts into k->res) each OFLAG_COPIED flag of the active
+ * tables that disagrees with its stored refcount. */
+int coroutine_fn ck_check_copied(Check *k);
 
 /* repair.c: repairs with fix flags, then checks again into res. */
 int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err);

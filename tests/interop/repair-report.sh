@@ -13,6 +13,11 @@
 #    counts as 1, so check reports it and -r all sets the flag;
 #  - the corrupt bit set: -r leaks|all repair the image and clear it;
 #  - metadata that cannot be read whole: -r all lowers no refcount.
+#  - a refcount too low next to a leak, under a snapshot: -r leaks frees
+#    the leak and names the OFLAG_COPIED flag it may not fix yet;
+#  - a snapshot's L1 table unaligned, too large or past the end of the
+#    file: check names it in qemu-img's words; -r all keeps the leaks
+#    (what that table references is unknown) and names each once.
 # The run uses the ASan build when there is one. Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/snapshot-lib.bash"
 
@@ -177,5 +182,65 @@ for mode in "" "-r leaks" "-r all" "-r all --output=json"; do
   { run "$QK" check $mode k.qcow2 | sed 's/k\.qcow2/q.qcow2/'; qemu-img check k.qcow2 2>&1; } >k.out
   same "data file, check $mode"
   grep -q "OFLAG_COPIED data cluster" k.out || bad "data file, check $mode: the cleared flag was not reported"
+done
+# A refcount too low (cluster 4, the data cluster both the snapshot and
+# the active L2 share) and a leak (cluster 5): -r leaks fixes the leak
+# only, and OFLAG_COPIED of the L1 entry (refcount now 1 where 2 is
+# right) is named, not changed.
+qemu-img create -q -f qcow2 orig.qcow2 4M
+qemu-io -c 'write -P 0xaa 0 128k' orig.qcow2 >/dev/null
+qemu-img snapshot -c s orig.qcow2
+python3 - orig.qcow2 <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+rt = struct.unpack(">Q", f.read(56)[48:56])[0]
+f.seek(rt)
+rb = struct.unpack(">Q", f.read(8))[0]
+for c, v in ((4, 1), (5, 3)):
+    f.seek(rb + 2 * c)
+    f.write(struct.pack(">H", v))
+PY
+for mode in "" "-r leaks" "-r leaks --output=json"; do
+  cp orig.qcow2 q.qcow2
+  cp orig.qcow2 k.qcow2
+  # shellcheck disable=SC2086
+  { run qemu-img check $mode q.qcow2; qemu-img check q.qcow2 2>&1; } >q.out
+  # shellcheck disable=SC2086
+  { run "$QK" check $mode k.qcow2 | sed 's/k\.qcow2/q.qcow2/'; qemu-img check k.qcow2 2>&1; } >k.out
+  same "refcount too low and a leak, check $mode"
+  cmp -s q.qcow2 k.qcow2 || bad "refcount too low and a leak, check $mode: the images differ"
+done
+
+# A snapshot's L1 table that cannot be read: unaligned, too large, past
+# the end of the file.
+for what in "0 0x10200" "8 0x400001" "0 0x1000000"; do
+  qemu-img create -q -f qcow2 orig.qcow2 4M
+  qemu-io -c 'write -P 1 0 1M' orig.qcow2 >/dev/null
+  qemu-img snapshot -c s1 orig.qcow2
+  qemu-io -c 'write -P 2 0 64k' orig.qcow2 >/dev/null
+  qemu-img snapshot -c s2 orig.qcow2
+  python3 - orig.qcow2 $what <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+off = struct.unpack(">Q", f.read(72)[64:72])[0] + int(sys.argv[2])
+f.seek(off)
+f.write(struct.pack(">Q" if sys.argv[2] == "0" else ">I", int(sys.argv[3], 0)))
+PY
+  for mode in "" "--output=json"; do
+    cp orig.qcow2 q.qcow2
+    cp orig.qcow2 k.qcow2
+    # shellcheck disable=SC2086
+    run qemu-img check $mode q.qcow2 >q.out
+    # shellcheck disable=SC2086
+    run "$QK" check $mode k.qcow2 | sed 's/k\.qcow2/q.qcow2/' >k.out
+    same "snapshot L1 ($what), check $mode"
+  done
+  cp orig.qcow2 k.qcow2
+  run "$QK" check -r all k.qcow2 >k.out
+  head -1 k.out | grep -qx "rc=2" || bad "snapshot L1 ($what), -r all: $(head -1 k.out), expected rc=2"
+  cmp -s orig.qcow2 k.qcow2 || bad "snapshot L1 ($what), -r all: the image changed"
+  twice=$(grep "^Leaked cluster" k.out | sort | uniq -d)
+  [ -z "$twice" ] || bad "snapshot L1 ($what), -r all: leaks named more than once: $twice"
+  grep -q "^ERROR not freeing the 18 leaked clusters" k.out || { bad "snapshot L1 ($what), -r all: no reason given"; cat k.out; }
 done
 exit $fail
