@@ -59,8 +59,13 @@ static uint64_t rb_mask(const Qcow2State *s)
 static int coroutine_fn get_block(Qcow2State *s, uint64_t ti, void **block)
 {
     uint64_t off = s->rt[ti] & QCOW2_REFT_OFFSET_MASK;
-    if (!qk_is_aligned(off, s->cluster_size) || off == 0) {
+    if (off == 0) {
         return -QK_ECORRUPT;
+    }
+    if (!qk_is_aligned(off, s->cluster_size)) {
+        /* As QEMU: no refcount of this image can be trusted for writing. */
+        return qcow2_signal_corruption(s, "Refblock offset %#" PRIx64 " unaligned (reftable index: %#" PRIx64 ")",
+                                       off, ti);
     }
     return qcow2_cache_get(s->rb_cache, off, block);
 }

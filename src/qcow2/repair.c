@@ -353,7 +353,14 @@ static int coroutine_fn mark_clean(Check *k, const QkCheckResult *res)
 {
     Qcow2State *s = k->s;
     uint64_t bits = QCOW2_INCOMPAT_DIRTY | QCOW2_INCOMPAT_CORRUPT;
-    if (res->corruptions || res->check_errors || !(s->h.incompatible_features & bits) || !qcow2_is_v3(s)) {
+    if (res->corruptions || res->check_errors) {
+        return 0;
+    }
+    /* Damage met during the repair (a refcount block at an unaligned
+     * offset, say) is what it repaired: the image is not marked for it
+     * when it closes. */
+    s->meta_corrupt = false;
+    if (!(s->h.incompatible_features & bits) || !qcow2_is_v3(s)) {
         return 0;
     }
     int r = qk_co_flush(s->bs->file);

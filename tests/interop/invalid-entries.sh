@@ -17,6 +17,10 @@
 #  - check and check -r all say and do what qemu-img's do (the same
 #    bytes, but in the clusters qemu-img's leak repair discards);
 #  - convert over a bad entry after good ones names its offset.
+# And a refcount block at an offset inside a cluster: a write that needs
+# a new cluster fails as qemu-io's does (its line, the corrupt bit, the
+# same bytes); check names it as qemu-img's does; check -r all rebuilds
+# the structure and leaves the image clean and unmarked.
 # Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/snapshot-lib.bash"
 
@@ -140,4 +144,35 @@ qo=$(qemu-img convert -O raw c.qcow2 q.raw 2>&1; echo "rc=$?")
   bad "convert over a bad entry at cluster 7 differs from qemu-img's"
   diff <(echo "$qo" | sed 's/^qemu-img:/TOOL:/') <(echo "$ko" | norm)
 }
+# A refcount block at an unaligned offset.
+qemu-img create -q -f qcow2 orig.qcow2 1M
+python3 - orig.qcow2 <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+f.seek(48); rt = struct.unpack(">Q", f.read(8))[0]
+f.seek(rt); rb = struct.unpack(">Q", f.read(8))[0]
+f.seek(rt); f.write(struct.pack(">Q", rb + 0x200))
+PY
+cp orig.qcow2 k.qcow2
+cp orig.qcow2 q.qcow2
+ko=$("$QK" io -c 'write -P 1 0 64k' k.qcow2 2>&1; echo "rc=$?")
+qo=$(qemu-io -c 'write -P 1 0 64k' q.qcow2 2>&1; echo "rc=$?")
+[ "$(echo "$ko" | norm)" = "$(echo "$qo" | norm)" ] || {
+  bad "unaligned refcount block: the write differs from qemu-io's"
+  diff <(echo "$qo" | norm) <(echo "$ko" | norm)
+}
+cmp -s k.qcow2 q.qcow2 || bad "unaligned refcount block: the write left other bytes than qemu-io's"
+cp orig.qcow2 k.qcow2
+"$QK" check k.qcow2 >ko.txt 2>&1
+qemu-img check k.qcow2 >qo.txt 2>&1
+for l in "ERROR refcount block 0 is not cluster aligned; refcount table entry corrupted" \
+         "qcow2: Image is corrupt: Refblock offset 0x20200 unaligned (reftable index: 0); further non-fatal corruption events will be suppressed"; do
+  grep -qxF "$l" qo.txt || bad "unaligned refcount block: qemu-img check no longer says '$l'"
+  grep -qxF "$l" ko.txt || { bad "unaligned refcount block: check does not say '$l'"; cat ko.txt; }
+done
+"$QK" check -r all k.qcow2 >ko.txt 2>&1 || { bad "unaligned refcount block: check -r all failed"; cat ko.txt; }
+qemu-img check k.qcow2 >/dev/null 2>&1 || bad "unaligned refcount block: not clean after check -r all"
+qemu-img info k.qcow2 | grep -q "corrupt: false" || bad "unaligned refcount block: marked corrupt after its repair"
+qemu-io -c 'write -P 2 0 64k' -c 'read -P 2 0 64k' k.qcow2 >/dev/null 2>&1 ||
+  bad "unaligned refcount block: the repaired image takes no write"
 exit $fail
