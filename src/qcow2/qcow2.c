@@ -61,6 +61,22 @@ int qcow2_signal_corruption(Qcow2State *s, const char *fmt, ...)
     return -EIO;
 }
 
+void qcow2_note_corruption(Qcow2State *s, const char *fmt, ...)
+{
+    if (s->meta_corrupt || s->nonfatal_said) {
+        return;
+    }
+    s->nonfatal_said = true;
+    char msg[sizeof(s->meta_corrupt_msg)];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (corrupt_hook) {
+        corrupt_hook(s->bs, false, msg);
+    }
+}
+
 static int coroutine_fn load_table(Qcow2State *s, uint64_t off, uint64_t entries, uint64_t alloc_entries,
                                    uint64_t **out)
 {

@@ -256,6 +256,7 @@ struct Qcow2State {
     unsigned meta_checks;
     bool meta_corrupt;          /* found corrupt (qcow2_signal_corruption): no more writes */
     char meta_corrupt_msg[160];
+    bool nonfatal_said;         /* qcow2_note_corruption spoke once: it stays quiet */
     /* overlap.c: the snapshot table and the snapshots' L1 tables (byte
      * ranges), as of the open or the last table written */
     uint64_t snap_table_off, snap_table_len;
@@ -304,6 +305,10 @@ int coroutine_fn qcow2_mark_corrupt_if_needed(Qcow2State *s);
  * corrupt hook, and returns -EIO: from then on the image takes no writes,
  * and a writable one gets the header's corrupt bit at its next flush. */
 int qcow2_signal_corruption(Qcow2State *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Damage the request can step around (a cluster that cannot be freed
+ * is leaked instead): said once, in QEMU's non-fatal words, and the
+ * image stays writable and unmarked. */
+void qcow2_note_corruption(Qcow2State *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Says the L1 table, the refcount table or the bitmap directory changed
  * (a table added, moved or dropped). */
 void qcow2_meta_changed(Qcow2State *s);
@@ -420,10 +425,11 @@ int64_t coroutine_fn qcow2_alloc_clusters_bulk(Qcow2State *s, uint64_t n);
 int coroutine_fn qcow2_free_clusters(Qcow2State *s, uint64_t off, uint64_t len);
 /* Drops the reference an L2 entry holds (normal, zero-allocated or compressed). */
 int coroutine_fn qcow2_free_l2_entry(Qcow2State *s, uint64_t l2e);
-/* 0, or -EIO (the image then to be marked corrupt) when l2e's host
- * cluster cannot be freed: an offset inside a cluster would drop the
- * refcounts of two clusters, one of them someone else's. Checked before
- * an entry is changed, so a refused free leaves the table as it was. */
+/* 0, or -EIO (the image then marked corrupt) when l2e's host cluster
+ * must not be freed: it is metadata. Checked before an entry is changed,
+ * so a refused free leaves the table as it was. An offset inside a
+ * cluster (freeing it would drop the refcounts of two clusters, one of
+ * them someone else's) is said and then leaked by qcow2_free_l2_entry. */
 int qcow2_check_free_l2_entry(Qcow2State *s, uint64_t l2e);
 uint64_t qcow2_rb_get(const Qcow2State *s, const void *block, uint64_t i);
 void qcow2_rb_set(const Qcow2State *s, void *block, uint64_t i, uint64_t v);

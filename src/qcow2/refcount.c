@@ -640,7 +640,9 @@ int qcow2_check_free_l2_entry(Qcow2State *s, uint64_t l2e)
     if (qk_is_aligned(off, s->cluster_size)) {
         return off && !qcow2_has_data_file(s) ? qcow2_check_data_free(s, off, s->cluster_size) : 0;
     }
-    return qcow2_signal_corruption(s, "Cannot free unaligned cluster %#" PRIx64, off);
+    /* As QEMU: the entry may go, its cluster leaks (check -r gives it back). */
+    qcow2_note_corruption(s, "Cannot free unaligned cluster %#" PRIx64, off);
+    return 0;
 }
 
 int coroutine_fn qcow2_free_l2_entry(Qcow2State *s, uint64_t l2e)
@@ -655,8 +657,8 @@ int coroutine_fn qcow2_free_l2_entry(Qcow2State *s, uint64_t l2e)
         return qcow2_free_clusters(s, host, len);
     }
     uint64_t off = l2e & QCOW2_L2E_OFFSET_MASK;
-    if (!off || qcow2_has_data_file(s)) {
-        return 0; /* data-file clusters are not counted */
+    if (!off || qcow2_has_data_file(s) || !qk_is_aligned(off, s->cluster_size)) {
+        return 0; /* data-file clusters are not counted; an unaligned one leaks */
     }
     return qcow2_update_refcount(s, off, s->cluster_size, -1);
 }

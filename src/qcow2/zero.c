@@ -30,6 +30,9 @@ enum { MODE_ZERO, MODE_ZERO_UNMAP, MODE_DISCARD, MODE_CUT };
 static int coroutine_fn free_entry(Qcow2State *s, uint64_t l2e, int mode)
 {
     uint64_t host = l2e & QCOW2_L2E_OFFSET_MASK;
+    if (!(l2e & QCOW2_OFLAG_COMPRESSED) && !qk_is_aligned(host, s->cluster_size)) {
+        return qcow2_free_l2_entry(s, l2e); /* says it, and leaks the cluster */
+    }
     if (host && !(l2e & QCOW2_OFLAG_COMPRESSED) && qcow2_check_data_write(s, host, s->cluster_size) < 0) {
         /* A corrupt entry naming a table: its refcount is the table's,
          * never dropped (at worst a leak, which check -r gives back). */

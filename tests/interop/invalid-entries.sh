@@ -17,6 +17,9 @@
 #  - check and check -r all say and do what qemu-img's do (the same
 #    bytes, but in the clusters qemu-img's leak repair discards);
 #  - convert over a bad entry after good ones names its offset.
+# A discard or an unmapping zero write over a host offset inside a
+# cluster goes on as qemu-io's does: the entry goes, the cluster leaks,
+# QEMU's non-fatal line is said once and the image stays unmarked.
 # And a refcount block at an offset inside a cluster: a write that needs
 # a new cluster fails as qemu-io's does (its line, the corrupt bit, the
 # same bytes); check names it as qemu-img's does; check -r all rebuilds
@@ -144,6 +147,42 @@ qo=$(qemu-img convert -O raw c.qcow2 q.raw 2>&1; echo "rc=$?")
   bad "convert over a bad entry at cluster 7 differs from qemu-img's"
   diff <(echo "$qo" | sed 's/^qemu-img:/TOOL:/') <(echo "$ko" | norm)
 }
+# Discard and unmapping zero writes over an unaligned entry (standard
+# and extended L2): qemu-io's lines, exit status and bytes.
+for fmt in "" "-o extended_l2=on"; do
+  rm -f orig.qcow2
+  # shellcheck disable=SC2086
+  qemu-img create -q -f qcow2 $fmt orig.qcow2 1M
+  qemu-io -c 'write -P 1 0 256k' orig.qcow2 >/dev/null
+  python3 - orig.qcow2 "$fmt" <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+f.seek(40); l1 = struct.unpack(">Q", f.read(8))[0]
+f.seek(l1); l2 = struct.unpack(">Q", f.read(8))[0] & 0x00fffffffffffe00
+at = l2 + 2 * (16 if sys.argv[2] else 8)
+f.seek(at); e = struct.unpack(">Q", f.read(8))[0]
+f.seek(at); f.write(struct.pack(">Q", e + 0x200))
+PY
+  for op in "discard 128k 64k" "discard 0 1M" "write -z -u 128k 64k" "write -z -u 0 256k"; do
+    cp orig.qcow2 k.qcow2
+    cp orig.qcow2 q.qcow2
+    ko=$("$QK" io -c "$op" -c "$op" k.qcow2 2>&1; echo "rc=$?")
+    qo=$(qemu-io -c "$op" -c "$op" q.qcow2 2>&1; echo "rc=$?")
+    [ "$(echo "$ko" | norm)" = "$(echo "$qo" | norm)" ] || {
+      bad "unaligned entry ($fmt), $op: differs from qemu-io"
+      diff <(echo "$qo" | norm) <(echo "$ko" | norm)
+    }
+    echo "$ko" | grep -q "^qcow2: Image is corrupt: Cannot free unaligned cluster 0x70200; further non-fatal" ||
+      bad "unaligned entry ($fmt), $op: no non-fatal line"
+    cmp -s k.qcow2 q.qcow2 || bad "unaligned entry ($fmt), $op: other bytes than qemu-io's"
+    qemu-img info k.qcow2 | grep -q "corrupt: false" || bad "unaligned entry ($fmt), $op: marked corrupt"
+    case "$op" in
+      *" 128k 64k") want=(-c 'read -P 1 0 128k' -c 'read -P 0 128k 64k' -c 'read -P 1 192k 64k') ;;
+      *) want=(-c 'read -P 0 0 256k') ;;
+    esac
+    "$QK" io -r "${want[@]}" k.qcow2 >/dev/null || bad "unaligned entry ($fmt), $op: reads back wrong"
+  done
+done
 # A refcount block at an unaligned offset.
 qemu-img create -q -f qcow2 orig.qcow2 1M
 python3 - orig.qcow2 <<'PY'
