@@ -651,16 +651,25 @@ int coroutine_fn qcow2_free_l2_entry(Qcow2State *s, uint64_t l2e)
     if (r < 0) {
         return r;
     }
+    uint64_t host, len;
     if (l2e & QCOW2_OFLAG_COMPRESSED) {
-        uint64_t host, len;
         qcow2_compressed_range(s, l2e, &host, &len);
-        return qcow2_free_clusters(s, host, len);
+        r = qcow2_free_clusters(s, host, len);
+    } else {
+        host = l2e & QCOW2_L2E_OFFSET_MASK;
+        if (!host || qcow2_has_data_file(s) || !qk_is_aligned(host, s->cluster_size)) {
+            return 0; /* data-file clusters are not counted; an unaligned one leaks */
+        }
+        r = qcow2_update_refcount(s, host, s->cluster_size, -1);
     }
-    uint64_t off = l2e & QCOW2_L2E_OFFSET_MASK;
-    if (!off || qcow2_has_data_file(s) || !qk_is_aligned(off, s->cluster_size)) {
-        return 0; /* data-file clusters are not counted; an unaligned one leaks */
+    if (r == -QK_ECORRUPT) {
+        /* A refcount already 0 (or a refcount block that cannot be read):
+         * the reference is gone all the same, and what the refcounts say
+         * is for check -r to mend. As QEMU, the request goes on. */
+        qcow2_note_corruption(s, "Cannot free cluster %#" PRIx64 ": its refcount is 0 or cannot be read", host);
+        r = 0;
     }
-    return qcow2_update_refcount(s, off, s->cluster_size, -1);
+    return r;
 }
 
 /* A refcount block that counts nothing but (perhaps) itself. */

@@ -38,8 +38,8 @@ static int coroutine_fn free_entry(Qcow2State *s, uint64_t l2e, int mode)
          * never dropped (at worst a leak, which check -r gives back). */
         return -EIO;
     }
-    int r = qcow2_free_l2_entry(s, l2e);
     if (qcow2_has_data_file(s)) {
+        int r = qcow2_free_l2_entry(s, l2e);
         /* Not counted, and only this entry names it (a raw data file
          * was zeroed there already). */
         if (r == 0 && host && mode != MODE_ZERO) {
@@ -47,12 +47,16 @@ static int coroutine_fn free_entry(Qcow2State *s, uint64_t l2e, int mode)
         }
         return r;
     }
-    if (r == 0 && host && !(l2e & QCOW2_OFLAG_COMPRESSED) && mode != MODE_ZERO) {
-        uint64_t rc;
-        r = qcow2_get_refcount(s, host >> s->cluster_bits, &rc);
-        if (r == 0 && rc == 0) {
-            qk_co_pdiscard(s->bs->file, host, s->cluster_size);
-        }
+    /* Punched only when this reference was its last: a refcount that
+     * was 0 already (damage the free only says) leaves the bytes be. */
+    uint64_t rc = 0;
+    if (host && !(l2e & QCOW2_OFLAG_COMPRESSED) && mode != MODE_ZERO &&
+        qcow2_get_refcount(s, host >> s->cluster_bits, &rc) < 0) {
+        rc = 0;
+    }
+    int r = qcow2_free_l2_entry(s, l2e);
+    if (r == 0 && rc == 1) {
+        qk_co_pdiscard(s->bs->file, host, s->cluster_size);
     }
     return r;
 }

@@ -20,6 +20,9 @@
 # A discard or an unmapping zero write over a host offset inside a
 # cluster goes on as qemu-io's does: the entry goes, the cluster leaks,
 # QEMU's non-fatal line is said once and the image stays unmarked.
+# A data cluster whose refcount is already 0: a discard or an unmapping
+# zero write drops the entry and goes on, as qemu-io's does (the same
+# bytes and status; the line is ours, qemu-io's names an internal call).
 # And a refcount block at an offset inside a cluster: a write that needs
 # a new cluster fails as qemu-io's does (its line, the corrupt bit, the
 # same bytes); check names it as qemu-img's does; check -r all rebuilds
@@ -182,6 +185,30 @@ PY
     esac
     "$QK" io -r "${want[@]}" k.qcow2 >/dev/null || bad "unaligned entry ($fmt), $op: reads back wrong"
   done
+done
+# A data cluster (guest cluster 2, host cluster 7) with refcount 0.
+qemu-img create -q -f qcow2 orig.qcow2 1M
+qemu-io -c 'write -P 1 0 256k' orig.qcow2 >/dev/null
+python3 - orig.qcow2 <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+f.seek(48); rt = struct.unpack(">Q", f.read(8))[0]
+f.seek(rt); rb = struct.unpack(">Q", f.read(8))[0]
+f.seek(rb + 2 * 7); f.write(struct.pack(">H", 0))
+PY
+for op in "discard 128k 64k" "write -z -u 0 1M"; do
+  cp orig.qcow2 k.qcow2
+  cp orig.qcow2 q.qcow2
+  ko=$("$QK" io -c "$op" k.qcow2 2>&1; echo "rc=$?")
+  qo=$(qemu-io -c "$op" q.qcow2 2>&1; echo "rc=$?")
+  [ "$(echo "$ko" | norm | grep -v '^qcow2: ')" = "$(echo "$qo" | norm | grep -v '^qcow2_free_clusters failed')" ] || {
+    bad "refcount 0 under a live entry, $op: differs from qemu-io"
+    diff <(echo "$qo" | norm) <(echo "$ko" | norm)
+  }
+  echo "$ko" | grep -q "^qcow2: Image is corrupt: Cannot free cluster 0x70000: " ||
+    bad "refcount 0 under a live entry, $op: not said"
+  cmp -s k.qcow2 q.qcow2 || bad "refcount 0 under a live entry, $op: other bytes than qemu-io's"
+  qemu-img info k.qcow2 | grep -q "corrupt: false" || bad "refcount 0 under a live entry, $op: marked corrupt"
 done
 # A refcount block at an unaligned offset.
 qemu-img create -q -f qcow2 orig.qcow2 1M
