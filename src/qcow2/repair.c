@@ -251,6 +251,55 @@ static int coroutine_fn fix_copied(Check *k)
     return r < 0 ? r : qk_co_flush(s->bs->file);
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The clusters of the refcount table and blocks about to be replaced that
+ * nothing else uses, sorted (none when out of memory: they are only named). */
+static size_t old_structure(Check *k, uint64_t **out)
+{
+    Qcow2State *s = k->s;
+    uint64_t *c = malloc(((size_t)s->rt_clusters + s->rt_size + 1) * sizeof(*c));
+    size_t n = 0;
+    *out = c;
+    if (!c) {
+        return 0;
+    }
+    for (uint64_t i = 0; qk_is_aligned(s->rt_offset, s->cluster_size) && i < s->rt_clusters; i++) {
+        c[n++] = (s->rt_offset >> s->cluster_bits) + i;
+    }
+    for (uint64_t i = 0; i < s->rt_size; i++) {
+        uint64_t off = s->rt[i] & QCOW2_REFT_OFFSET_MASK;
+        if (off && qk_is_aligned(off, s->cluster_size)) {
+            c[n++] = off >> s->cluster_bits;
+        }
+    }
+    qsort(c, n, sizeof(*c), cmp_u64);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (c[i] < k->nclusters && !k->refs[c[i]] && (m == 0 || c[m - 1] != c[i])) {
+            c[m++] = c[i];
+        }
+    }
+    return m;
+}
+
+/* After a rebuild, the old structure's clusters are free: named as
+ * qemu-img names them, whose rebuild counts them first and then frees
+ * them as leaks (their refcount was the old structure's 1). */
+static void coroutine_fn say_released(Check *k, const uint64_t *old, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint64_t rc;
+        if (qcow2_get_refcount(k->s, old[i], &rc) == 0 && rc == 0) {
+            ck_say(k, "Repairing cluster %llu refcount=1 reference=0", (unsigned long long)old[i]);
+        }
+    }
+}
+
 /* The repair proper; the caller checks again afterwards. */
 static int coroutine_fn repair(Check *k, int fix, QkError *err)
 {
@@ -279,7 +328,13 @@ static int coroutine_fn repair(Check *k, int fix, QkError *err)
                             "could not be read; not repairing, the image is unchanged");
     } else if (fix & QK_CHECK_FIX_ERRORS) {
         ck_say(k, "Rebuilding refcount structure");
+        uint64_t *old = NULL;
+        size_t nold = old_structure(k, &old);
         r = ck_rebuild_refcounts(k, err);
+        if (r == 0) {
+            say_released(k, old, nold);
+        }
+        free(old);
         if (r < 0) {
             return r;
         }
