@@ -129,6 +129,49 @@ static int coroutine_fn downgrade_check(QkBlock *bs, uint32_t refcount_bits, QkE
     return r;
 }
 
+/* The first guest offset at or after off whose L2 entry has the zero
+ * flag (size when there is none). As QEMU's downgrade, only those entries
+ * are looked at: damage elsewhere in a table (an offset inside a
+ * cluster, say) does not stop it, and is left for check to report. */
+static int coroutine_fn next_zero(Qcow2State *s, uint64_t off, uint64_t size, uint64_t *next)
+{
+    uint64_t table_bytes = s->cluster_size << s->l2_bits;
+    int r = 0;
+    qk_co_mutex_lock(&s->lock);
+    while (off < size && r == 0) {
+        uint64_t l1i = off / table_bytes;
+        uint64_t table_end = QK_MIN((l1i + 1) * table_bytes, size);
+        uint64_t l2off = l1i < s->l1_size ? s->l1[l1i] & QCOW2_L1E_OFFSET_MASK : 0;
+        void *t;
+        if (!l2off) {
+            off = table_end;
+            continue;
+        }
+        if (!qk_is_aligned(l2off, s->cluster_size)) {
+            r = qcow2_bad_l2_offset(s, l2off, l1i);
+            break;
+        }
+        r = qcow2_cache_get(s->l2_cache, l2off, &t);
+        if (r < 0) {
+            break;
+        }
+        for (; off < table_end; off = (off | (s->cluster_size - 1)) + 1) {
+            uint64_t bm;
+            uint64_t e = qcow2_l2_get(s, t, (off >> s->cluster_bits) & (s->l2_entries - 1), &bm);
+            if (!(e & QCOW2_OFLAG_COMPRESSED) && (e & QCOW2_OFLAG_ZERO)) {
+                break;
+            }
+        }
+        qcow2_cache_put(s->l2_cache, &t);
+        if (off < table_end) {
+            break;
+        }
+    }
+    qk_co_mutex_unlock(&s->lock);
+    *next = QK_MIN(off, size);
+    return r;
+}
+
 /* The active image's zero clusters become unallocated (nothing below
  * would show through) or allocated zeros (a backing file would). */
 static int coroutine_fn expand_zero_clusters(QkBlock *bs, const QkAmendOptions *o)
@@ -137,8 +180,20 @@ static int coroutine_fn expand_zero_clusters(QkBlock *bs, const QkAmendOptions *
     bool backing = s->h.backing_file_offset != 0;
     uint64_t size = s->h.size, off = 0;
     while (off < size) {
+        uint64_t z;
+        int r = next_zero(s, off, size, &z);
+        if (r < 0) {
+            return r;
+        }
+        if (z > off) {
+            off = z;
+            if (o->progress) {
+                o->progress(off, size, o->opaque);
+            }
+            continue;
+        }
         Qcow2Extent ext;
-        int r = qcow2_get_extent(s, off, size - off, &ext);
+        r = qcow2_get_extent(s, off, size - off, &ext);
         if (r < 0) {
             return r;
         }

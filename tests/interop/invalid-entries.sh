@@ -23,6 +23,8 @@
 # A data cluster whose refcount is already 0: a discard or an unmapping
 # zero write drops the entry and goes on, as qemu-io's does (the same
 # bytes and status; the line is ours, qemu-io's names an internal call).
+# amend -o compat=0.10 looks at zero entries only, as qemu-img's does:
+# an unaligned entry elsewhere does not stop it (the same bytes).
 # And a refcount block at an offset inside a cluster: a write that needs
 # a new cluster fails as qemu-io's does (its line, the corrupt bit, the
 # same bytes); check names it as qemu-img's does; check -r all rebuilds
@@ -211,6 +213,30 @@ f.seek(rb + 2 * 7); f.write(struct.pack(">H", 0))
 PY
 for op in "discard 128k 64k" "write -z -u 0 1M"; do
   twin_io "refcount 0 under a live entry, $op" ours "^qcow2: Image is corrupt: Cannot free cluster 0x70000: " "$op"
+done
+# amend -o compat=0.10 with an unaligned entry beside zero clusters,
+# with a backing file (zeros written) and without (zeros unmapped).
+qemu-img create -q -f qcow2 base.qcow2 4M
+qemu-io -c 'write -P 1 0 1M' base.qcow2 >/dev/null
+for backing in yes no; do
+  rm -f orig.qcow2
+  qemu-img create -q -f qcow2 -b base.qcow2 -F qcow2 orig.qcow2 4M
+  qemu-io -c 'write -P 1 0 256k' -c 'write -z 512k 128k' -c 'write -z 2M 64k' -c 'write -z -u 3M 64k' orig.qcow2 >/dev/null
+  [ $backing = no ] && qemu-img rebase -u -b '' orig.qcow2
+  python3 - orig.qcow2 <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+f.seek(40); l1 = struct.unpack(">Q", f.read(8))[0]
+f.seek(l1); l2 = struct.unpack(">Q", f.read(8))[0] & 0x00fffffffffffe00
+f.seek(l2 + 16); e = struct.unpack(">Q", f.read(8))[0]
+f.seek(l2 + 16); f.write(struct.pack(">Q", e + 0x200))
+PY
+  cp orig.qcow2 k.qcow2
+  cp orig.qcow2 q.qcow2
+  ko=$("$QK" amend -o compat=0.10 k.qcow2 2>&1; echo "rc=$?")
+  qo=$(qemu-img amend -o compat=0.10 q.qcow2 2>&1; echo "rc=$?")
+  [ "$ko" = "$qo" ] || bad "amend compat=0.10 over an unaligned entry (backing $backing): '$ko', qemu-img '$qo'"
+  cmp -s k.qcow2 q.qcow2 || bad "amend compat=0.10 over an unaligned entry (backing $backing): other bytes than qemu-img's"
 done
 # A refcount block at an unaligned offset.
 qemu-img create -q -f qcow2 orig.qcow2 1M
