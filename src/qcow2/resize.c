@@ -25,12 +25,20 @@
 /* Everything past `end` (rounded up to a cluster) stops being allocated.
  * May yield; takes s->lock itself for the L2 part, needs it held for the
  * L1 part: call without it, it returns with it held. */
-static int coroutine_fn cut_tail(Qcow2State *s, uint64_t end)
+static int coroutine_fn cut_tail(Qcow2State *s, uint64_t end, bool growing)
 {
     uint64_t keep_l1 = qcow2_l1_needed(s, end);
     uint64_t table_bytes = s->cluster_size << s->l2_bits;
     uint64_t cut_end = QK_MIN(keep_l1, (uint64_t)s->l1_size) * table_bytes;
-    int r = qcow2_unmap_clusters(s, qk_align_up(end, s->cluster_size), cut_end);
+    uint64_t from = qk_align_up(end, s->cluster_size);
+    if (growing && from < cut_end &&
+        !qk_is_aligned(s->l1[from / table_bytes] & QCOW2_L1E_OFFSET_MASK, s->cluster_size)) {
+        /* A table at an offset inside a cluster: every request through it
+         * fails (and marks the image), so nothing past the old end can
+         * show. Grown as qemu-img grows it, without reading the table. */
+        from = cut_end;
+    }
+    int r = qcow2_unmap_clusters(s, from, cut_end);
     qk_co_mutex_lock(&s->lock);
     if (r == 0) {
         r = qcow2_drop_l1_tail(s, keep_l1);
@@ -106,7 +114,7 @@ static int coroutine_fn write_size(Qcow2State *s, uint64_t size)
 
 static int coroutine_fn shrink(Qcow2State *s, uint64_t size, QkError *err)
 {
-    int r = cut_tail(s, size);
+    int r = cut_tail(s, size, false);
     if (r == 0) {
         r = qcow2_flush_caches(s);
     }
@@ -131,7 +139,7 @@ static int coroutine_fn shrink(Qcow2State *s, uint64_t size, QkError *err)
 static int coroutine_fn grow(Qcow2State *s, uint64_t old, uint64_t size, QkPrealloc prealloc, QkError *err)
 {
     QkBlock *bs = s->bs;
-    int r = cut_tail(s, old);
+    int r = cut_tail(s, old, true);
     if (r < 0) {
         qk_co_mutex_unlock(&s->lock);
         return qk_error_set_errno(err, r, "Could not clear the area past the old end");
@@ -251,7 +259,7 @@ int coroutine_fn qcow2_co_make_empty(QkBlock *bs)
     Qcow2State *s = qcow2_state(bs);
     /* The same cut as a shrink to size 0, without changing the size: every
      * entry unallocated, every L2 table dropped. */
-    int r = cut_tail(s, 0);
+    int r = cut_tail(s, 0, false);
     if (r == 0) {
         r = qcow2_flush_caches(s);
     }

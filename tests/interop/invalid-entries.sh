@@ -25,6 +25,9 @@
 # bytes and status; the line is ours, qemu-io's names an internal call).
 # amend -o compat=0.10 looks at zero entries only, as qemu-img's does:
 # an unaligned entry elsewhere does not stop it (the same bytes).
+# resize grows over an L1 entry at an offset inside a cluster without
+# reading that table, as qemu-img does (the image unmarked, the same
+# check report); a shrink fails as qemu-img's does.
 # And a refcount block at an offset inside a cluster: a write that needs
 # a new cluster fails as qemu-io's does (its line, the corrupt bit, the
 # same bytes); check names it as qemu-img's does; check -r all rebuilds
@@ -237,6 +240,30 @@ PY
   qo=$(qemu-img amend -o compat=0.10 q.qcow2 2>&1; echo "rc=$?")
   [ "$ko" = "$qo" ] || bad "amend compat=0.10 over an unaligned entry (backing $backing): '$ko', qemu-img '$qo'"
   cmp -s k.qcow2 q.qcow2 || bad "amend compat=0.10 over an unaligned entry (backing $backing): other bytes than qemu-img's"
+done
+# resize over an unaligned L1 entry.
+qemu-img create -q -f qcow2 orig.qcow2 1M
+qemu-io -c 'write -P 1 0 256k' orig.qcow2 >/dev/null
+python3 - orig.qcow2 <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+f.seek(40); l1 = struct.unpack(">Q", f.read(8))[0]
+f.seek(l1); e = struct.unpack(">Q", f.read(8))[0]
+f.seek(l1); f.write(struct.pack(">Q", e + 0x200))
+PY
+for args in "2G" "1100k" "--shrink 512k"; do
+  cp orig.qcow2 k.qcow2
+  cp orig.qcow2 q.qcow2
+  # shellcheck disable=SC2086
+  ko=$("$QK" resize k.qcow2 $args 2>&1; echo "rc=$?")
+  # shellcheck disable=SC2086
+  qo=$(qemu-img resize q.qcow2 $args 2>&1; echo "rc=$?")
+  [ "$(echo "$ko" | norm | grep -v '^TOOL:')" = "$(echo "$qo" | sed 's/^qemu-img:/TOOL:/' | grep -v '^TOOL:')" ] ||
+    bad "resize $args over an unaligned L1 entry: '$ko', qemu-img '$qo'"
+  [ "$(qemu-img check k.qcow2 2>&1; echo $?)" = "$(qemu-img check q.qcow2 2>&1; echo $?)" ] ||
+    bad "resize $args over an unaligned L1 entry: check differs from qemu-img's image"
+  [ "$(qemu-img info k.qcow2 | grep -E 'corrupt|virtual')" = "$(qemu-img info q.qcow2 | grep -E 'corrupt|virtual')" ] ||
+    bad "resize $args over an unaligned L1 entry: size or corrupt bit differ from qemu-img's"
 done
 # A refcount block at an unaligned offset.
 qemu-img create -q -f qcow2 orig.qcow2 1M
