@@ -178,42 +178,62 @@ twin_io() {
   cmp -s k.qcow2 q.qcow2 || bad "$what: other bytes than qemu-io's"
   qemu-img info k.qcow2 | grep -q "corrupt: false" || bad "$what: marked corrupt"
 }
-# Discard and unmapping zero writes over an unaligned entry (standard
-# and extended L2): qemu-io's lines, exit status and bytes.
-for fmt in "" "-o extended_l2=on"; do
-  rm -f orig.qcow2
-  # shellcheck disable=SC2086
-  qemu-img create -q -f qcow2 $fmt orig.qcow2 1M
-  qemu-io -c 'write -P 1 0 256k' orig.qcow2 >/dev/null
-  python3 - orig.qcow2 "$fmt" <<'PY'
+# hurt IMAGE KIND: one known damage, by the layout the specification
+# gives (guest cluster 2 of a fresh image written from offset 0 is host
+# cluster 7, at 0x70000):
+#   l2     guest cluster 2's L2 entry moved inside its cluster (0x70200)
+#   l2ext  the same, extended L2 entries
+#   l1     L1 entry 0 moved inside its cluster
+#   rc0    host cluster 7's refcount set to 0
+#   rb     refcount table entry 0 moved inside its cluster
+hurt() {
+  python3 - "$1" "$2" <<'PY'
 import struct, sys
 f = open(sys.argv[1], "r+b")
-f.seek(40); l1 = struct.unpack(">Q", f.read(8))[0]
-f.seek(l1); l2 = struct.unpack(">Q", f.read(8))[0] & 0x00fffffffffffe00
-at = l2 + 2 * (16 if sys.argv[2] else 8)
-f.seek(at); e = struct.unpack(">Q", f.read(8))[0]
-f.seek(at); f.write(struct.pack(">Q", e + 0x200))
+kind = sys.argv[2]
+def q(off, add=None):
+    f.seek(off)
+    v = struct.unpack(">Q", f.read(8))[0]
+    if add is not None:
+        f.seek(off)
+        f.write(struct.pack(">Q", v + add))
+    return v
+l1, rt = q(40), q(48)
+if kind in ("l2", "l2ext"):
+    q((q(l1) & 0x00fffffffffffe00) + 2 * (16 if kind == "l2ext" else 8), 0x200)
+elif kind == "l1":
+    q(l1, 0x200)
+elif kind == "rc0":
+    f.seek(q(rt) + 2 * 7)
+    f.write(struct.pack(">H", 0))
+elif kind == "rb":
+    q(rt, 0x200)
 PY
+}
+# fresh [CREATE OPTIONS...]: orig.qcow2, 1 MiB, its first 256 KiB written.
+fresh() {
+  rm -f orig.qcow2
+  qemu-img create -q -f qcow2 "$@" orig.qcow2 1M
+  qemu-io -c 'write -P 1 0 256k' orig.qcow2 >/dev/null
+}
+# Discard and unmapping zero writes over an unaligned entry (standard
+# and extended L2): qemu-io's lines, exit status and bytes.
+for kind in l2 l2ext; do
+  if [ $kind = l2 ]; then fresh; else fresh -o extended_l2=on; fi
+  hurt orig.qcow2 $kind
   for op in "discard 128k 64k" "discard 0 1M" "write -z -u 128k 64k" "write -z -u 0 256k"; do
-    twin_io "unaligned entry ($fmt), $op" both \
+    twin_io "unaligned entry ($kind), $op" both \
       "^qcow2: Image is corrupt: Cannot free unaligned cluster 0x70200; further non-fatal" "$op" "$op"
     case "$op" in
       *" 128k 64k") want=(-c 'read -P 1 0 128k' -c 'read -P 0 128k 64k' -c 'read -P 1 192k 64k') ;;
       *) want=(-c 'read -P 0 0 256k') ;;
     esac
-    "$QK" io -r "${want[@]}" k.qcow2 >/dev/null || bad "unaligned entry ($fmt), $op: reads back wrong"
+    "$QK" io -r "${want[@]}" k.qcow2 >/dev/null || bad "unaligned entry ($kind), $op: reads back wrong"
   done
 done
 # A data cluster (guest cluster 2, host cluster 7) with refcount 0.
-qemu-img create -q -f qcow2 orig.qcow2 1M
-qemu-io -c 'write -P 1 0 256k' orig.qcow2 >/dev/null
-python3 - orig.qcow2 <<'PY'
-import struct, sys
-f = open(sys.argv[1], "r+b")
-f.seek(48); rt = struct.unpack(">Q", f.read(8))[0]
-f.seek(rt); rb = struct.unpack(">Q", f.read(8))[0]
-f.seek(rb + 2 * 7); f.write(struct.pack(">H", 0))
-PY
+fresh
+hurt orig.qcow2 rc0
 for op in "discard 128k 64k" "write -z -u 0 1M"; do
   twin_io "refcount 0 under a live entry, $op" ours "^qcow2: Image is corrupt: Cannot free cluster 0x70000: " "$op"
 done
@@ -226,14 +246,7 @@ for backing in yes no; do
   qemu-img create -q -f qcow2 -b base.qcow2 -F qcow2 orig.qcow2 4M
   qemu-io -c 'write -P 1 0 256k' -c 'write -z 512k 128k' -c 'write -z 2M 64k' -c 'write -z -u 3M 64k' orig.qcow2 >/dev/null
   [ $backing = no ] && qemu-img rebase -u -b '' orig.qcow2
-  python3 - orig.qcow2 <<'PY'
-import struct, sys
-f = open(sys.argv[1], "r+b")
-f.seek(40); l1 = struct.unpack(">Q", f.read(8))[0]
-f.seek(l1); l2 = struct.unpack(">Q", f.read(8))[0] & 0x00fffffffffffe00
-f.seek(l2 + 16); e = struct.unpack(">Q", f.read(8))[0]
-f.seek(l2 + 16); f.write(struct.pack(">Q", e + 0x200))
-PY
+  hurt orig.qcow2 l2
   cp orig.qcow2 k.qcow2
   cp orig.qcow2 q.qcow2
   ko=$("$QK" amend -o compat=0.10 k.qcow2 2>&1; echo "rc=$?")
@@ -242,15 +255,8 @@ PY
   cmp -s k.qcow2 q.qcow2 || bad "amend compat=0.10 over an unaligned entry (backing $backing): other bytes than qemu-img's"
 done
 # resize over an unaligned L1 entry.
-qemu-img create -q -f qcow2 orig.qcow2 1M
-qemu-io -c 'write -P 1 0 256k' orig.qcow2 >/dev/null
-python3 - orig.qcow2 <<'PY'
-import struct, sys
-f = open(sys.argv[1], "r+b")
-f.seek(40); l1 = struct.unpack(">Q", f.read(8))[0]
-f.seek(l1); e = struct.unpack(">Q", f.read(8))[0]
-f.seek(l1); f.write(struct.pack(">Q", e + 0x200))
-PY
+fresh
+hurt orig.qcow2 l1
 for args in "2G" "1100k" "--shrink 512k"; do
   cp orig.qcow2 k.qcow2
   cp orig.qcow2 q.qcow2
@@ -267,13 +273,7 @@ for args in "2G" "1100k" "--shrink 512k"; do
 done
 # A refcount block at an unaligned offset.
 qemu-img create -q -f qcow2 orig.qcow2 1M
-python3 - orig.qcow2 <<'PY'
-import struct, sys
-f = open(sys.argv[1], "r+b")
-f.seek(48); rt = struct.unpack(">Q", f.read(8))[0]
-f.seek(rt); rb = struct.unpack(">Q", f.read(8))[0]
-f.seek(rt); f.write(struct.pack(">Q", rb + 0x200))
-PY
+hurt orig.qcow2 rb
 cp orig.qcow2 k.qcow2
 cp orig.qcow2 q.qcow2
 ko=$("$QK" io -c 'write -P 1 0 64k' k.qcow2 2>&1; echo "rc=$?")
