@@ -149,7 +149,13 @@ static int coroutine_fn grow(Qcow2State *s, uint64_t old, uint64_t size, QkPreal
         r = qcow2_preallocate(s, old, size, prealloc, err);
     }
     if (r == 0) {
+        /* Durable before the size names the new area: the L1 table's new
+         * place and length in the header (a crash must not leave a size
+         * the L1 table is too small for) and the cut past the old end. */
         r = qcow2_flush_caches(s);
+        if (r == 0) {
+            r = qk_co_flush(s->bs->file);
+        }
         if (r < 0) {
             qk_error_set_errno(err, r, "Could not write metadata");
         }
