@@ -100,16 +100,10 @@ static bool referenced(Check *k, uint64_t off, uint64_t len)
     return false;
 }
 
-static int coroutine_fn check_l2(Check *k, uint64_t l2off, bool active)
+/* fixable: t is the cache's copy of a table that may take changes. */
+static void coroutine_fn check_l2_table(Check *k, void *t, bool active, bool fixable)
 {
     Qcow2State *s = k->s;
-    void *t;
-    int r = qcow2_cache_get(s->l2_cache, l2off, &t);
-    if (r < 0) {
-        ck_say(k, "ERROR: I/O error in check_refcounts_l2");
-        k->res->check_errors++;
-        return 0;
-    }
     uint64_t next_contig = 0;
     for (uint64_t i = 0; i < s->l2_entries; i++) {
         uint64_t bm;
@@ -161,6 +155,24 @@ static int coroutine_fn check_l2(Check *k, uint64_t l2off, bool active)
         if (!off && !(data_file && (e & QCOW2_OFLAG_COPIED))) {
             continue; /* offset 0 is guest cluster 0's place in a data file */
         }
+        if (!qk_is_aligned(off, s->cluster_size) && fixable && k->fix_prealloc && (e & QCOW2_OFLAG_ZERO) &&
+            !s->extended_l2) {
+            /* It reads as zeros either way: -r all drops the offset, as
+             * qemu-img does, and the cluster it half named is no longer
+             * counted (the caller makes the table durable before any
+             * refcount drops). */
+            qcow2_l2_set(s, t, i, QCOW2_OFLAG_ZERO, 0);
+            qcow2_cache_mark_dirty(s->l2_cache, t);
+            k->prealloc_fixed++;
+            if (k->fix_report) {
+                char line[160];
+                snprintf(line, sizeof(line),
+                         "Repairing offset=%llx: Preallocated cluster is not properly aligned; L2 entry corrupted.",
+                         (unsigned long long)off);
+                k->fix_report(k->fix_opaque, line);
+            }
+            continue;
+        }
         if (!qk_is_aligned(off, s->cluster_size)) {
             /* Counted as a reference all the same (to the clusters the
              * entry touches), as qemu-img does, so both report alike. */
@@ -179,8 +191,42 @@ static int coroutine_fn check_l2(Check *k, uint64_t l2off, bool active)
             add_ref(k, off, s->cluster_size, CK_DATA); /* a data file's clusters are not counted */
         }
     }
-    qcow2_cache_put(s->l2_cache, &t);
-    return 0;
+}
+
+static void coroutine_fn check_l2(Check *k, uint64_t l2off, bool active)
+{
+    Qcow2State *s = k->s;
+    void *t;
+    if (qk_range_within(l2off, s->cluster_size, k->file_len)) {
+        if (qcow2_cache_get(s->l2_cache, l2off, &t) < 0) {
+            ck_say(k, "ERROR: I/O error in check_refcounts_l2");
+            k->res->check_errors++;
+            return;
+        }
+        check_l2_table(k, t, active, k->fix_prealloc && !qcow2_meta_overlap(s, l2off, s->cluster_size, QCOW2_OL_L2));
+        qcow2_cache_put(s->l2_cache, &t);
+        return;
+    }
+    /* A table the end of the file cuts short (wholly past it, add_ref has
+     * said so): what is there is counted, so its clusters are not taken
+     * for leaks, and the rest reads as zeros, as qemu-img reads it. The
+     * engine refuses such a table; -r all extends the file over it. What
+     * the lost part held is unknown, so no refcount is lowered. */
+    if (l2off >= k->file_len) {
+        return;
+    }
+    ck_say(k, "ERROR l2_offset=%llx: L2 table is cut short by the end of the file", (unsigned long long)l2off);
+    k->res->corruptions++;
+    k->partial = true;
+    k->short_end = QK_MAX(k->short_end, l2off + s->cluster_size);
+    k->short_tables++;
+    t = calloc(1, s->cluster_size);
+    if (!t || qk_co_pread(s->bs->file, l2off, k->file_len - l2off, t, 0) < 0) {
+        k->res->check_errors++;
+    } else {
+        check_l2_table(k, t, active, false);
+    }
+    free(t);
 }
 
 static int coroutine_fn check_l1(Check *k, const uint64_t *l1, uint64_t l1_off, uint64_t l1_size, bool active)
@@ -205,9 +251,6 @@ static int coroutine_fn check_l1(Check *k, const uint64_t *l1, uint64_t l1_off, 
             continue;
         }
         add_ref(k, off, s->cluster_size, CK_META);
-        if (!qk_range_within(off, s->cluster_size, k->file_len)) {
-            continue; /* already reported by add_ref */
-        }
         check_l2(k, off, active);
     }
     return 0;
@@ -489,6 +532,8 @@ int coroutine_fn ck_compute(Check *k)
     k->n_outside = 0;
     k->outside_overflow = false;
     k->partial = false;
+    k->short_end = 0;
+    k->short_tables = 0;
     add_ref(k, 0, s->cluster_size, CK_META);
     check_l1(k, s->l1, s->l1_offset, s->l1_size, true);
     check_snapshots(k);

@@ -42,6 +42,16 @@ typedef struct Check {
      * whole: what it references is unknown, so a repair may raise
      * refcounts but never lower them. */
     bool partial;
+    /* Where the file must end for every L2 table that starts inside it to
+     * be whole (0: all are). */
+    uint64_t short_end;
+    uint32_t short_tables;
+    /* -r all: unaligned preallocated (zero flag) entries become plain
+     * zero entries while the references are counted. */
+    bool fix_prealloc;
+    uint32_t prealloc_fixed;
+    QkCheckReport *fix_report;  /* where those repairs are said */
+    void *fix_opaque;
     /* The rebuild also switches the header's refcount_order (amend). */
     bool write_order;
 } Check;

@@ -476,6 +476,55 @@ int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err)
         return qk_error_set(err, -EIO, "could not read all of the image's metadata; "
                             "not repairing, the image is unchanged");
     }
+    uint32_t prealloc = 0;
+    if (fix & QK_CHECK_FIX_ERRORS) {
+        /* First, as qemu-img does while it counts: unaligned preallocated
+         * entries become plain zero entries (they read as zeros either
+         * way), durable before any refcount follows the references they
+         * drop. Only those lines are said here. */
+        QkCheckResult scratch;
+        k->fix_prealloc = true;
+        k->prealloc_fixed = 0;
+        k->fix_report = report;
+        k->fix_opaque = opaque;
+        r = ck_run(k, &scratch, NULL, NULL);
+        k->fix_prealloc = false;
+        k->fix_report = NULL;
+        prealloc = k->prealloc_fixed;
+        if (r == 0 && prealloc) {
+            r = qcow2_flush_caches(k->s);
+            if (r == 0) {
+                r = qk_co_flush(k->s->bs->file);
+            }
+            if (r == 0) {
+                r = ck_run(k, &before, NULL, NULL);
+            }
+        }
+        if (r < 0) {
+            return qk_error_set_errno(err, r, "Could not repair the preallocated clusters");
+        }
+    }
+    uint32_t extended = 0;
+    if ((fix & QK_CHECK_FIX_ERRORS) && k->short_end > k->file_len) {
+        /* L2 tables the end of the file cuts short: the file grows over
+         * them, so they read whole, their lost part as zeros (as qemu-img
+         * reads them all along). Nothing else changes meaning. */
+        k->report = report;
+        k->opaque = opaque;
+        ck_say(k, "Repairing the end of the file: extended to 0x%llx over the L2 tables it cut short",
+               (unsigned long long)k->short_end);
+        QkError e2 = {0};
+        r = qk_co_truncate(k->s->bs->file, k->short_end, QK_PREALLOC_OFF, &e2);
+        if (r == 0) {
+            r = qk_co_flush(k->s->bs->file);
+        }
+        qk_error_clear(&e2);
+        if (r < 0) {
+            return qk_error_set_errno(err, r, "Could not extend the file over its cut-short L2 tables");
+        }
+        k->s->file_size = QK_MAX(k->s->file_size, k->short_end);
+        extended = k->short_tables;
+    }
     /* What was fixed is counted as qemu-img counts it: the refcount
      * problems found before, plus each OFLAG_COPIED flag changed (flags that
      * only disagreed with a wrong refcount are not counted twice). */
@@ -504,7 +553,7 @@ int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err)
         release_lines(&held, report, opaque);
         return qk_error_set_errno(err, r, "Could not check the repaired image");
     }
-    int found = refs_only.corruptions + k->copied_repaired;
+    int found = refs_only.corruptions + k->copied_repaired + (int)extended + (int)prealloc;
     res->corruptions_fixed = found > res->corruptions ? found - res->corruptions : 0;
     res->leaks_fixed = before.leaks > res->leaks ? before.leaks - res->leaks : 0;
     bool said = repaired && !res->corruptions_fixed && !res->leaks_fixed && !held.lost;

@@ -18,7 +18,12 @@
 #  - a snapshot's L1 table unaligned, too large or past the end of the
 #    file: check names it in qemu-img's words; -r all keeps the leaks
 #    (what that table references is unknown) and names each once;
-#    deleting the snapshot, then -r leaks, frees them.
+#    deleting the snapshot, then -r leaks, frees them;
+#  - a zero-flag entry at an offset inside a cluster: -r all makes it a
+#    plain zero entry, as qemu-img does (line for line);
+#  - an L2 table the end of the file cuts short (it starts in the last,
+#    partial cluster): its clusters are counted, not freed as leaks;
+#    -r all extends the file over it; the data reads back throughout.
 # The run uses the ASan build when there is one. Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/snapshot-lib.bash"
 
@@ -243,5 +248,63 @@ PY
   "$QK" snapshot -d s1 k.qcow2 && "$QK" check -r leaks k.qcow2 >/dev/null 2>&1
   qemu-img check k.qcow2 >k.out 2>&1 || { bad "snapshot L1 ($what): not clean after snapshot -d, check -r leaks"; cat k.out; }
   qemu-io -r -c 'read -P 2 0 64k' -c 'read -P 1 64k 960k' k.qcow2 >/dev/null || bad "snapshot L1 ($what): data changed"
+done
+# A preallocated (zero flag) entry at an offset inside a cluster, the
+# data cluster after it live (its refcount must not be raised).
+qemu-img create -q -f qcow2 orig.qcow2 1M
+qemu-io -c 'write -P 0xaa 0 128k' -c 'write -z 0 64k' orig.qcow2 >/dev/null
+python3 - orig.qcow2 <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+f.seek(40); l1 = struct.unpack(">Q", f.read(8))[0]
+f.seek(l1); l2 = struct.unpack(">Q", f.read(8))[0] & 0x00fffffffffffe00
+f.seek(l2); e = struct.unpack(">Q", f.read(8))[0]
+f.seek(l2); f.write(struct.pack(">Q", e + 512))
+PY
+for mode in "" "-r leaks" "-r all" "-r all --output=json"; do
+  cp orig.qcow2 q.qcow2
+  cp orig.qcow2 k.qcow2
+  # shellcheck disable=SC2086
+  { run qemu-img check $mode q.qcow2; qemu-img check q.qcow2 2>&1; } >q.out
+  # shellcheck disable=SC2086
+  { run "$QK" check $mode k.qcow2 | sed 's/k\.qcow2/q.qcow2/'; qemu-img check k.qcow2 2>&1; } >k.out
+  same "unaligned preallocated entry, check $mode"
+  qemu-io -r -c 'read -P 0xaa 64k 64k' k.qcow2 >/dev/null 2>&1 || bad "unaligned preallocated entry, $mode: data changed"
+done
+
+# An L2 table in the file's last, partial cluster (its first 512 bytes
+# there, refcounts exact). qemu-img reads the rest as zeros.
+qemu-img create -q -f qcow2 orig.qcow2 1M
+qemu-io -c 'write -P 0x11 0 192k' orig.qcow2 >/dev/null
+python3 - orig.qcow2 <<'PY'
+import struct, sys
+d = bytearray(open(sys.argv[1], "rb").read())
+cs = 65536
+l1 = struct.unpack_from(">Q", d, 40)[0]
+rb = struct.unpack_from(">Q", d, struct.unpack_from(">Q", d, 48)[0])[0]
+old = struct.unpack_from(">Q", d, l1)[0] & 0x00fffffffffffe00
+new = len(d)
+d += d[old:old + 512]
+d[old:old + cs] = bytes(cs)
+struct.pack_into(">Q", d, l1, (1 << 63) | new)
+struct.pack_into(">H", d, rb + 2 * (old // cs), 0)
+struct.pack_into(">H", d, rb + 2 * (new // cs), 1)
+open(sys.argv[1], "wb").write(d)
+PY
+for mode in "" "-r leaks" "-r all"; do
+  cp orig.qcow2 k.qcow2
+  # shellcheck disable=SC2086
+  "$QK" check $mode k.qcow2 >k.out 2>&1
+  st=$?
+  grep -q "^Leaked cluster" k.out && { bad "cut-short L2 table, check $mode: its clusters taken for leaks"; cat k.out; }
+  case "$mode" in
+    "-r all") [ $st -eq 0 ] || { bad "cut-short L2 table, -r all: exit $st"; cat k.out; }
+              qemu-img check k.qcow2 >/dev/null 2>&1 || bad "cut-short L2 table, -r all: qemu-img check not clean"
+              "$QK" io -r -c 'read -P 0x11 0 192k' k.qcow2 >/dev/null || bad "cut-short L2 table, -r all: we cannot read it" ;;
+    *) [ $st -eq 2 ] || { bad "cut-short L2 table, check $mode: exit $st, expected 2"; cat k.out; }
+       grep -q "L2 table is cut short by the end of the file" k.out || bad "cut-short L2 table, check $mode: not said" ;;
+  esac
+  qemu-io -c 'write -P 0x99 512k 128k' -c 'read -P 0x11 0 192k' k.qcow2 >/dev/null 2>&1 ||
+    bad "cut-short L2 table, check $mode: data lost after a new write"
 done
 exit $fail
