@@ -23,7 +23,10 @@
 #    plain zero entry, as qemu-img does (line for line);
 #  - an L2 table the end of the file cuts short (it starts in the last,
 #    partial cluster): its clusters are counted, not freed as leaks;
-#    -r all extends the file over it; the data reads back throughout.
+#    -r all extends the file over it; the data reads back throughout;
+#  - an active L2 entry naming a snapshot's L1 table: the sharing shows
+#    as the refcount too low that it is, and -r all raises it, so a later
+#    write copies the cluster instead of writing over the table.
 # The run uses the ASan build when there is one. Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/snapshot-lib.bash"
 
@@ -307,4 +310,32 @@ for mode in "" "-r leaks" "-r all"; do
   qemu-io -c 'write -P 0x99 512k 128k' -c 'read -P 0x11 0 192k' k.qcow2 >/dev/null 2>&1 ||
     bad "cut-short L2 table, check $mode: data lost after a new write"
 done
+# An active L2 entry (guest cluster 4) naming snapshot s0's L1 table.
+qemu-img create -q -f qcow2 orig.qcow2 1M
+qemu-io -c 'write -P 0x11 0 128k' orig.qcow2 >/dev/null
+qemu-img snapshot -c s0 orig.qcow2
+qemu-io -c 'write -P 0x22 256k 64k' orig.qcow2 >/dev/null
+python3 - orig.qcow2 <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+h = f.read(104)
+l1 = struct.unpack_from(">Q", h, 40)[0]
+f.seek(struct.unpack_from(">Q", h, 64)[0]); sl1 = struct.unpack(">Q", f.read(8))[0]
+f.seek(l1); l2 = struct.unpack(">Q", f.read(8))[0] & 0x00fffffffffffe00
+f.seek(l2 + 32); f.write(struct.pack(">Q", (1 << 63) | sl1))
+PY
+cp orig.qcow2 k.qcow2
+qemu-img check k.qcow2 2>&1 | grep "^ERROR cluster" >q.out
+"$QK" check k.qcow2 2>&1 | grep "^ERROR cluster" >k.out
+same "snapshot L1 named by an active L2 entry, check (refcount errors)"
+"$QK" check -r all k.qcow2 >k.out 2>&1
+qemu-img check k.qcow2 >/dev/null 2>&1
+st=$?
+[ $st -eq 0 ] || [ $st -eq 3 ] || { bad "snapshot L1 named by an active L2 entry: -r all left errors ($st)"; cat k.out; }
+qemu-io -c 'write -P 0x55 256k 64k' k.qcow2 >/dev/null 2>&1
+qemu-img check k.qcow2 >/dev/null 2>&1
+st=$?
+[ $st -eq 0 ] || [ $st -eq 3 ] || bad "snapshot L1 named by an active L2 entry: a write after -r all left errors ($st)"
+qemu-img info k.qcow2 | grep -q "corrupt: false" || bad "snapshot L1 named by an active L2 entry: marked corrupt after a write"
+qemu-io -r -c 'read -P 0x55 256k 64k' k.qcow2 >/dev/null 2>&1 || bad "snapshot L1 named by an active L2 entry: the write does not read back"
 exit $fail
