@@ -176,9 +176,11 @@ static void coroutine_fn check_l2_table(Check *k, void *t, bool active, bool fix
         if (!qk_is_aligned(off, s->cluster_size)) {
             /* Counted as a reference all the same (to the clusters the
              * entry touches), as qemu-img does, so both report alike. */
+            bool prealloc = (e & QCOW2_OFLAG_ZERO) && !s->extended_l2;
             ck_say(k, "ERROR offset=%llx: %s cluster is not properly aligned; L2 entry corrupted.",
-                   (unsigned long long)off, (e & QCOW2_OFLAG_ZERO) && !s->extended_l2 ? "Preallocated" : "Data");
+                   (unsigned long long)off, prealloc ? "Preallocated" : "Data");
             k->res->corruptions++;
+            k->prealloc_bad += prealloc;
         }
         if (active) {
             k->res->allocated_clusters++;
@@ -538,6 +540,7 @@ int coroutine_fn ck_compute(Check *k)
     k->partial = false;
     k->short_end = 0;
     k->short_tables = 0;
+    k->prealloc_bad = 0;
     add_ref(k, 0, s->cluster_size, CK_META);
     check_l1(k, s->l1, s->l1_offset, s->l1_size, true);
     check_snapshots(k);

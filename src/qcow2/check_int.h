@@ -49,6 +49,7 @@ typedef struct Check {
     /* -r all: unaligned preallocated (zero flag) entries become plain
      * zero entries while the references are counted. */
     bool fix_prealloc;
+    uint32_t prealloc_bad;      /* found by the last walk */
     uint32_t prealloc_fixed;
     QkCheckReport *fix_report;  /* where those repairs are said */
     void *fix_opaque;

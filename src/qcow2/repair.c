@@ -477,7 +477,7 @@ int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err)
                             "not repairing, the image is unchanged");
     }
     uint32_t prealloc = 0;
-    if (fix & QK_CHECK_FIX_ERRORS) {
+    if ((fix & QK_CHECK_FIX_ERRORS) && k->prealloc_bad) {
         /* First, as qemu-img does while it counts: unaligned preallocated
          * entries become plain zero entries (they read as zeros either
          * way), durable before any refcount follows the references they
