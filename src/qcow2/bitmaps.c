@@ -33,6 +33,15 @@
 #define BME_ENTRY_OFFSET 0x00fffffffffffe00ULL
 #define BME_ALL_ONES 1ULL
 
+/* What the specification allows in a bitmap table entry: no reserved
+ * bits, and with an offset, a cluster-aligned one without the all-ones
+ * flag. An entry that breaks this is never read and never freed. */
+static bool table_entry_ok(uint64_t te, uint64_t cs)
+{
+    uint64_t off = te & BME_ENTRY_OFFSET;
+    return !(te & BME_ENTRY_RESERVED) && !(off && (te & BME_ALL_ONES)) && qk_is_aligned(off, cs);
+}
+
 static uint64_t data_bytes(uint64_t disk, unsigned gbits)
 {
     return QK_DIV_ROUND_UP(QK_DIV_ROUND_UP(disk, 1ULL << gbits), 8);
@@ -115,8 +124,7 @@ static int coroutine_fn load_data(Qcow2State *s, const Qcow2BmEntry *e, QkDirtyB
         uint64_t te = be64toh(t[i]);
         uint64_t off = te & BME_ENTRY_OFFSET;
         uint64_t len = QK_MIN(cs, total - i * cs);
-        if ((te & BME_ENTRY_RESERVED) || (off && (te & BME_ALL_ONES)) || !qk_is_aligned(off, cs) ||
-            (off && !qk_range_within(off, cs, s->file_size))) {
+        if (!table_entry_ok(te, cs) || (off && !qk_range_within(off, cs, s->file_size))) {
             r = -QK_ECORRUPT;
         } else if (!off) {
             if (te & BME_ALL_ONES) {
@@ -285,6 +293,17 @@ int coroutine_fn qcow2_bitmaps_open(QkBlock *bs, QkError *err)
             continue;
         }
         r = load_data(s, e, bm);
+        if (r == -QK_ECORRUPT) {
+            /* A table qemu-img refuses to open the image for. Kept as it
+             * is and never used, as one in use is, so the image stays
+             * usable and the bitmap can still be removed. */
+            qcow2_note_corruption(s, "Bitmap '%s' has an invalid table entry; it is kept unchanged and cannot be "
+                                  "used (remove it)", e->name);
+            qk_hbitmap_reset_all(bm->bits);
+            bm->inconsistent = true;
+            r = 0;
+            continue;
+        }
         if (r < 0) {
             qk_error_set_errno(err, r, "Could not read bitmap '%s'", e->name);
             break;
@@ -402,8 +421,8 @@ static int coroutine_fn free_bitmap(Qcow2State *s, const Qcow2BmEntry *e)
     int r = t ? qk_co_pread(s->bs->file, e->table_off, n * 8, t, 0) : -ENOMEM;
     qk_co_mutex_lock(&s->lock);
     for (uint64_t i = 0; r == 0 && i < n; i++) {
-        uint64_t off = be64toh(t[i]) & BME_ENTRY_OFFSET;
-        if (off && qk_is_aligned(off, cs) && !qcow2_meta_overlap(s, off, cs, 0)) {
+        uint64_t te = be64toh(t[i]), off = te & BME_ENTRY_OFFSET;
+        if (off && table_entry_ok(te, cs) && !qcow2_meta_overlap(s, off, cs, 0)) {
             r = qcow2_free_clusters(s, off, cs);
         }
     }

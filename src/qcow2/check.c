@@ -510,11 +510,25 @@ static int coroutine_fn check_bitmaps(Check *k)
                 k->res->check_errors++;
                 continue;
             }
+            uint32_t bad = 0, first_bad = 0;
             for (uint32_t j = 0; j < tsize; j++) {
                 uint64_t o = bt[j] & QCOW2_L1E_OFFSET_MASK;
-                if (o) {
-                    add_ref(k, o, s->cluster_size, CK_DATA);
+                if ((bt[j] & ~QCOW2_L1E_OFFSET_MASK & ~1ULL) || (o && (bt[j] & 1)) ||
+                    !qk_is_aligned(o, s->cluster_size)) {
+                    first_bad = bad++ ? first_bad : j;
                 }
+                /* A broken entry still holds the cluster it points into:
+                 * removing the bitmap leaks it, so repair must not free
+                 * it under the entry (nor count a second cluster). */
+                if (o) {
+                    add_ref(k, qk_align_down(o, s->cluster_size), s->cluster_size, CK_DATA);
+                }
+            }
+            if (bad) {
+                ck_say(k, "ERROR bitmap %u: %u table entr%s invalid (the first, entry %u, is 0x%llx); "
+                       "remove the bitmap", i, bad, bad == 1 ? "y is" : "ies are", first_bad,
+                       (unsigned long long)bt[first_bad]);
+                k->res->corruptions++;
             }
             free(bt);
         }

@@ -16,7 +16,9 @@
 #  - convert --bitmaps [--skip-broken-bitmaps] against qemu-img's: the same
 #    messages, bitmaps and dirty ranges in the new image;
 #  - bitmaps this code cannot keep (unknown flags) refuse a read-write open
-#    and the image stays as it was.
+#    and the image stays as it was;
+#  - a bitmap table entry the specification forbids: named by check, kept
+#    (unusable) by a read-write open, and freed safely by --remove.
 # Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/snapshot-lib.bash"
 
@@ -254,6 +256,52 @@ for d in "16 \x02 has type 2" "17 \x08 granularity bits 8" "12 \x00\x00\x00\x10 
   qemu-img check bdd.qcow2 >/dev/null 2>&1 && bad "bitmap entry, $msg: qemu-img accepts it (the damage is wrong)"
 done
 "$QK" check bd.qcow2 >/dev/null || bad "bitmap entry: the undamaged image does not check clean"
+
+# A bitmap table entry the specification forbids (reserved bits, an
+# offset inside a cluster, the all-ones flag with an offset): qemu-img
+# will not open the image. check names it once per bitmap and counts only
+# the cluster the entry points into (no second cluster, nothing leaked),
+# so -r all changes no refcount for it; a read-write open keeps the
+# bitmap as it is, unusable, and the image writable; removing the bitmap
+# frees its good clusters and leaks the one under the broken entry, which
+# check -r leaks then frees.
+read -r toff entry < <(python3 - bd.qcow2 "$dir" <<'PY'
+import struct, sys
+f = open(sys.argv[1], "rb").read()
+d = int(sys.argv[2])
+t = struct.unpack(">Q", f[d:d + 8])[0]
+print(t, struct.unpack(">Q", f[t:t + 8])[0])
+PY
+)
+[ "$entry" -gt 0 ] && [ $((entry % 65536)) -eq 0 ] || bad "bitmap table entry: the image has no data cluster ($entry)"
+for e in $((entry | 2)) $((entry + 512)) $((entry | 1)) $((entry | (1 << 60))); do
+  cp bd.qcow2 bdd.qcow2
+  python3 -c 'import struct, sys; f = open(sys.argv[1], "r+b"); f.seek(int(sys.argv[2])); f.write(struct.pack(">Q", int(sys.argv[3])))' \
+    bdd.qcow2 "$toff" "$e"
+  what="bitmap table entry $(printf '%#x' "$e")"
+  qemu-img check bdd.qcow2 >/dev/null 2>&1 && bad "$what: qemu-img accepts it (the damage is wrong)"
+  out=$("$QK" check bdd.qcow2 2>&1)
+  st=$?
+  want="ERROR bitmap 0: 1 table entry is invalid (the first, entry 0, is $(printf '0x%x' "$e")); remove the bitmap"
+  [ $st -eq 2 ] || bad "$what: check exit $st, not 2"
+  [ "$(echo "$out" | grep -c -e '^ERROR' -e '^Leaked')" = 1 ] && echo "$out" | grep -qxF "$want" ||
+    { bad "$what: check does not name it alone"; echo "$out"; }
+  "$QK" check -r all bdd.qcow2 >/dev/null 2>&1
+  [ "$("$QK" check bdd.qcow2 2>&1)" = "$out" ] || { bad "$what: check -r all changed what check finds"; "$QK" check bdd.qcow2; }
+  out=$("$QK" io -c 'write -P 0x5a 1M 64k' bdd.qcow2 2>&1) ||
+    { bad "$what: a write next to the broken bitmap failed"; echo "$out"; }
+  echo "$out" | grep -q "^qcow2: Image is corrupt: Bitmap 'bm' has an invalid table entry" ||
+    { bad "$what: the write did not say why the bitmap is kept"; echo "$out"; }
+  out=$("$QK" bitmap --enable bdd.qcow2 bm 2>&1) && bad "$what: --enable of the broken bitmap succeeded"
+  echo "$out" | grep -q "Bitmap 'bm' is inconsistent and cannot be used" || { bad "$what: --enable message"; echo "$out"; }
+  "$QK" bitmap --remove bdd.qcow2 bm 2>/dev/null || bad "$what: --remove of the broken bitmap failed"
+  out=$(qemu-img check bdd.qcow2 2>&1)
+  st=$?
+  [ $st -eq 3 ] && echo "$out" | grep -q '^1 leaked clusters' || { bad "$what: after --remove, check exit $st"; echo "$out"; }
+  "$QK" check -q -r leaks bdd.qcow2 2>/dev/null || bad "$what: check -r leaks after --remove"
+  qemu-img check -q bdd.qcow2 || bad "$what: not clean after -r leaks"
+  qemu-io -c 'read -P 0xcd 0 64k' -c 'read -P 0x5a 1M 64k' bdd.qcow2 >/dev/null || bad "$what: data read back"
+done
 
 # snapshot -a to a larger snapshot (a deliberate difference: qemu-img
 # refuses -a with bitmaps): the enabled bitmap grows with the disk and is
