@@ -136,7 +136,7 @@ static void coroutine_fn check_l2_table(Check *k, void *t, bool active, bool fix
         /* The standard descriptor's reserved bits, as qemu-img checks them
          * (with extended L2 too, where bit 0 is unused as well). */
         if (e & QCOW2_L2E_RESERVED) {
-            ck_say(k, "ERROR found l2 entry with reserved bits set: 0x%llx", (unsigned long long)e);
+            ck_say(k, "ERROR found l2 entry with reserved bits set: %llx", (unsigned long long)e);
             k->res->corruptions++;
         }
         if (s->extended_l2) {
@@ -238,7 +238,7 @@ static int coroutine_fn check_l1(Check *k, const uint64_t *l1, uint64_t l1_off, 
     for (uint64_t i = 0; i < l1_size; i++) {
         uint64_t e = l1[i];
         if (e & QCOW2_L1E_RESERVED) {
-            ck_say(k, "ERROR found L1 entry with reserved bits set: 0x%llx", (unsigned long long)e);
+            ck_say(k, "ERROR found L1 entry with reserved bits set: %llx", (unsigned long long)e);
             k->res->corruptions++;
         }
         uint64_t off = e & QCOW2_L1E_OFFSET_MASK;

@@ -24,6 +24,7 @@
 #  - an L2 table the end of the file cuts short (it starts in the last,
 #    partial cluster): its clusters are counted, not freed as leaks;
 #    -r all extends the file over it; the data reads back throughout;
+#  - reserved bits in an L1 and an L2 entry: named in qemu-img's words;
 #  - an active L2 entry naming a snapshot's L1 table: the sharing shows
 #    as the refcount too low that it is, and -r all raises it, so a later
 #    write copies the cluster instead of writing over the table.
@@ -273,6 +274,32 @@ for mode in "" "-r leaks" "-r all" "-r all --output=json"; do
   { run "$QK" check $mode k.qcow2 | sed 's/k\.qcow2/q.qcow2/'; qemu-img check k.qcow2 2>&1; } >k.out
   same "unaligned preallocated entry, check $mode"
   qemu-io -r -c 'read -P 0xaa 64k 64k' k.qcow2 >/dev/null 2>&1 || bad "unaligned preallocated entry, $mode: data changed"
+done
+
+# Reserved bits set in an L2 entry (a data cluster) and in an L1 entry
+# (a table far into the disk): named in qemu-img's words; neither tool
+# repairs them.
+qemu-img create -q -f qcow2 orig.qcow2 1G
+qemu-io -c 'write -P 0xaa 0 128k' -c 'write -P 0xbb 600M 64k' orig.qcow2 >/dev/null
+python3 - orig.qcow2 <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+f.seek(40); l1 = struct.unpack(">Q", f.read(8))[0]
+f.seek(l1); l2 = struct.unpack(">Q", f.read(8))[0] & 0x00fffffffffffe00
+f.seek(l2 + 8); e = struct.unpack(">Q", f.read(8))[0]
+f.seek(l2 + 8); f.write(struct.pack(">Q", e | (1 << 56)))
+f.seek(l1 + 8); e = struct.unpack(">Q", f.read(8))[0]
+f.seek(l1 + 8); f.write(struct.pack(">Q", e | (1 << 62)))
+PY
+for mode in "" "--output=json" "-r all"; do
+  cp orig.qcow2 q.qcow2
+  cp orig.qcow2 k.qcow2
+  # shellcheck disable=SC2086
+  { run qemu-img check $mode q.qcow2; qemu-img check q.qcow2 2>&1; } >q.out
+  # shellcheck disable=SC2086
+  { run "$QK" check $mode k.qcow2 | sed 's/k\.qcow2/q.qcow2/'; qemu-img check k.qcow2 2>&1; } >k.out
+  same "reserved bits in L1 and L2 entries, check $mode"
+  grep -q '^ERROR found l2 entry with reserved bits set: ' k.out || bad "reserved bits: the L2 entry is not named"
 done
 
 # An L2 table in the file's last, partial cluster (its first 512 bytes
