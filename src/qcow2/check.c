@@ -551,7 +551,7 @@ int coroutine_fn ck_compute(Check *k)
     memset(k->kind, 0, k->nclusters);
     k->n_outside = 0;
     k->outside_overflow = false;
-    k->partial = false;
+    k->partial = s->l1_past_eof; /* what the lost L1 table referenced is unknown */
     k->short_end = 0;
     k->short_tables = 0;
     k->prealloc_bad = 0;

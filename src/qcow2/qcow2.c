@@ -180,7 +180,8 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
     s->cluster_size = 1ULL << s->cluster_bits;
     r = qcow2_parse_extensions(s, c0, &bfmt, err);
     if (r == 0) {
-        r = qcow2_validate_header(s, flen, !bs->read_only && !(opts->flags & QK_OPEN_CHECK), err);
+        r = qcow2_validate_header(s, flen, !bs->read_only && !(opts->flags & QK_OPEN_CHECK),
+                                  bs->read_only && (opts->flags & QK_OPEN_CHECK), err);
     }
     if (r == 0) {
         r = qcow2_data_file_open(s, opts, err);
@@ -198,7 +199,11 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
 
     s->l1_size = s->h.l1_size;
     s->l1_offset = s->h.l1_table_offset;
-    r = load_table(s, s->l1_offset, s->l1_size, s->l1_size, &s->l1);
+    uint64_t l1_in_file = s->l1_size;
+    if (s->l1_past_eof) {
+        l1_in_file = s->l1_offset < flen ? QK_MIN(s->l1_size, (flen - s->l1_offset) / 8) : 0;
+    }
+    r = load_table(s, s->l1_offset, l1_in_file, s->l1_size, &s->l1);
     if (r < 0) {
         qk_error_set_errno(err, r, "Could not read the L1 table");
         goto fail;

@@ -25,6 +25,8 @@
 #    partial cluster): its clusters are counted, not freed as leaks;
 #    -r all extends the file over it; the data reads back throughout;
 #  - reserved bits in an L1 and an L2 entry: named in qemu-img's words;
+#  - the active L1 table past the end of the file: check reports it as
+#    qemu-img does; -r refuses (qemu-img's frees the data);
 #  - an active L2 entry naming a snapshot's L1 table: the sharing shows
 #    as the refcount too low that it is, and -r all raises it, so a later
 #    write copies the cluster instead of writing over the table.
@@ -300,6 +302,31 @@ for mode in "" "--output=json" "-r all"; do
   { run "$QK" check $mode k.qcow2 | sed 's/k\.qcow2/q.qcow2/'; qemu-img check k.qcow2 2>&1; } >k.out
   same "reserved bits in L1 and L2 entries, check $mode"
   grep -q '^ERROR found l2 entry with reserved bits set: ' k.out || bad "reserved bits: the L2 entry is not named"
+done
+
+# The active L1 table a cluster or more past the end of the file: check
+# reads it as zeros and reports what qemu-img reports (line for line);
+# -r refuses to open the image and leaves it as it was, where qemu-img's
+# repair frees the clusters the lost table referenced, the data with them.
+qemu-img create -q -f qcow2 orig.qcow2 64M
+qemu-io -c 'write -P 7 0 64k' orig.qcow2 >/dev/null
+printf '\0\0\0\0\0\x10\0\0' | dd of=orig.qcow2 bs=1 seek=40 conv=notrunc 2>/dev/null
+for mode in "" "--output=json"; do
+  cp orig.qcow2 q.qcow2
+  cp orig.qcow2 k.qcow2
+  # shellcheck disable=SC2086
+  run qemu-img check $mode q.qcow2 >q.out
+  # shellcheck disable=SC2086
+  run "$QK" check $mode k.qcow2 | sed 's/k\.qcow2/q.qcow2/' >k.out
+  same "active L1 table past the end of the file, check $mode"
+done
+grep -q '^rc=2$' k.out || bad "active L1 table past the end of the file: check exit status"
+for mode in "-r leaks" "-r all"; do
+  # shellcheck disable=SC2086
+  out=$("$QK" check $mode k.qcow2 2>&1) && bad "active L1 table past the end of the file: check $mode succeeded"
+  echo "$out" | grep -q 'L1 table (offset 0x100000, 8 bytes) lies past the end of the file' ||
+    { bad "active L1 table past the end of the file: check $mode does not say why"; echo "$out"; }
+  cmp -s orig.qcow2 k.qcow2 || bad "active L1 table past the end of the file: check $mode changed the file"
 done
 
 # An L2 table in the file's last, partial cluster (its first 512 bytes
