@@ -78,17 +78,26 @@ same() { # WHAT: q.out and k.out (qemu-img's and ours) are equal
   fi
 }
 
+# twins MODE AFTER: check MODE by both tools on copies of orig.qcow2
+# (q.qcow2 qemu-img's, k.qcow2 ours), then AFTER (a command given the
+# image) on each; the lot in q.out and k.out.
+twins() {
+  cp orig.qcow2 q.qcow2
+  cp orig.qcow2 k.qcow2
+  # shellcheck disable=SC2086
+  { run qemu-img check $1 q.qcow2; $2 q.qcow2; } >q.out
+  # shellcheck disable=SC2086
+  { run "$QK" check $1 k.qcow2 | sed 's/k\.qcow2/q.qcow2/'; $2 k.qcow2; } >k.out
+}
+recheck() { qemu-img check "$1" 2>&1; }
+corrupt_line() { qemu-img info "$1" | grep corrupt; }
+
 for kind in leak copied both zero zeroleak; do
   qemu-img create -q -f qcow2 orig.qcow2 8M
   qemu-io -c 'write -P 0xaa 0 256k' orig.qcow2 >/dev/null
   damage orig.qcow2 $kind
   for mode in "" "--output=json" "-r leaks" "-r all" "-r leaks --output=json" "-r all --output=json"; do
-    cp orig.qcow2 q.qcow2
-    cp orig.qcow2 k.qcow2
-    # shellcheck disable=SC2086
-    { run qemu-img check $mode q.qcow2; qemu-img check q.qcow2 2>&1; } >q.out
-    # shellcheck disable=SC2086
-    { run "$QK" check $mode k.qcow2 | sed 's/k\.qcow2/q.qcow2/'; qemu-img check k.qcow2 2>&1; } >k.out
+    twins "$mode" recheck
     case "$kind/$mode" in
       zero*/-r\ leaks*)
         # Refused alike (exit 1, image untouched); our message says why.
@@ -108,12 +117,7 @@ for kind in leak none; do
   [ $kind = leak ] && damage orig.qcow2 leak
   printf '\0\0\0\0\0\0\0\2' | dd of=orig.qcow2 bs=1 seek=72 conv=notrunc 2>/dev/null
   for mode in "-r leaks" "-r all"; do
-    cp orig.qcow2 q.qcow2
-    cp orig.qcow2 k.qcow2
-    # shellcheck disable=SC2086
-    { run qemu-img check $mode q.qcow2; qemu-img info q.qcow2 | grep corrupt; } >q.out
-    # shellcheck disable=SC2086
-    { run "$QK" check $mode k.qcow2 | sed 's/k\.qcow2/q.qcow2/'; qemu-img info k.qcow2 | grep corrupt; } >k.out
+    twins "$mode" corrupt_line
     same "corrupt bit, $kind, check $mode"
     grep -q "corrupt: false" k.out || bad "corrupt bit, $kind, $mode: still set"
   done
@@ -209,12 +213,7 @@ for c, v in ((4, 1), (5, 3)):
     f.write(struct.pack(">H", v))
 PY
 for mode in "" "-r leaks" "-r leaks --output=json"; do
-  cp orig.qcow2 q.qcow2
-  cp orig.qcow2 k.qcow2
-  # shellcheck disable=SC2086
-  { run qemu-img check $mode q.qcow2; qemu-img check q.qcow2 2>&1; } >q.out
-  # shellcheck disable=SC2086
-  { run "$QK" check $mode k.qcow2 | sed 's/k\.qcow2/q.qcow2/'; qemu-img check k.qcow2 2>&1; } >k.out
+  twins "$mode" recheck
   same "refcount too low and a leak, check $mode"
   cmp -s q.qcow2 k.qcow2 || bad "refcount too low and a leak, check $mode: the images differ"
 done
@@ -235,12 +234,7 @@ f.seek(off)
 f.write(struct.pack(">Q" if sys.argv[2] == "0" else ">I", int(sys.argv[3], 0)))
 PY
   for mode in "" "--output=json"; do
-    cp orig.qcow2 q.qcow2
-    cp orig.qcow2 k.qcow2
-    # shellcheck disable=SC2086
-    run qemu-img check $mode q.qcow2 >q.out
-    # shellcheck disable=SC2086
-    run "$QK" check $mode k.qcow2 | sed 's/k\.qcow2/q.qcow2/' >k.out
+    twins "$mode" true
     same "snapshot L1 ($what), check $mode"
   done
   cp orig.qcow2 k.qcow2
@@ -268,12 +262,7 @@ f.seek(l2); e = struct.unpack(">Q", f.read(8))[0]
 f.seek(l2); f.write(struct.pack(">Q", e + 512))
 PY
 for mode in "" "-r leaks" "-r all" "-r all --output=json"; do
-  cp orig.qcow2 q.qcow2
-  cp orig.qcow2 k.qcow2
-  # shellcheck disable=SC2086
-  { run qemu-img check $mode q.qcow2; qemu-img check q.qcow2 2>&1; } >q.out
-  # shellcheck disable=SC2086
-  { run "$QK" check $mode k.qcow2 | sed 's/k\.qcow2/q.qcow2/'; qemu-img check k.qcow2 2>&1; } >k.out
+  twins "$mode" recheck
   same "unaligned preallocated entry, check $mode"
   qemu-io -r -c 'read -P 0xaa 64k 64k' k.qcow2 >/dev/null 2>&1 || bad "unaligned preallocated entry, $mode: data changed"
 done
@@ -294,12 +283,7 @@ f.seek(l1 + 8); e = struct.unpack(">Q", f.read(8))[0]
 f.seek(l1 + 8); f.write(struct.pack(">Q", e | (1 << 62)))
 PY
 for mode in "" "--output=json" "-r all"; do
-  cp orig.qcow2 q.qcow2
-  cp orig.qcow2 k.qcow2
-  # shellcheck disable=SC2086
-  { run qemu-img check $mode q.qcow2; qemu-img check q.qcow2 2>&1; } >q.out
-  # shellcheck disable=SC2086
-  { run "$QK" check $mode k.qcow2 | sed 's/k\.qcow2/q.qcow2/'; qemu-img check k.qcow2 2>&1; } >k.out
+  twins "$mode" recheck
   same "reserved bits in L1 and L2 entries, check $mode"
   grep -q '^ERROR found l2 entry with reserved bits set: ' k.out || bad "reserved bits: the L2 entry is not named"
 done
@@ -312,12 +296,7 @@ qemu-img create -q -f qcow2 orig.qcow2 64M
 qemu-io -c 'write -P 7 0 64k' orig.qcow2 >/dev/null
 printf '\0\0\0\0\0\x10\0\0' | dd of=orig.qcow2 bs=1 seek=40 conv=notrunc 2>/dev/null
 for mode in "" "--output=json"; do
-  cp orig.qcow2 q.qcow2
-  cp orig.qcow2 k.qcow2
-  # shellcheck disable=SC2086
-  run qemu-img check $mode q.qcow2 >q.out
-  # shellcheck disable=SC2086
-  run "$QK" check $mode k.qcow2 | sed 's/k\.qcow2/q.qcow2/' >k.out
+  twins "$mode" true
   same "active L1 table past the end of the file, check $mode"
 done
 grep -q '^rc=2$' k.out || bad "active L1 table past the end of the file: check exit status"
