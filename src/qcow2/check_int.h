@@ -53,6 +53,10 @@ typedef struct Check {
     uint32_t prealloc_fixed;
     QkCheckReport *fix_report;  /* where those repairs are said */
     void *fix_opaque;
+    /* Clusters whose stored refcount could not be read in the last
+     * compare (each also a check error, as qemu-img counts them; a
+     * rebuild can still repair them). */
+    uint32_t rc_unreadable;
     /* The rebuild also switches the header's refcount_order (amend). */
     bool write_order;
 } Check;

@@ -472,7 +472,9 @@ int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err)
     if (r < 0) {
         return qk_error_set_errno(err, r, "Could not check the image");
     }
-    if (before.check_errors) {
+    /* Refcounts that cannot be read are the rebuild's to replace; any
+     * other part that cannot be read stops the repair. */
+    if ((uint32_t)before.check_errors > k->rc_unreadable) {
         return qk_error_set(err, -EIO, "could not read all of the image's metadata; "
                             "not repairing, the image is unchanged");
     }
