@@ -595,14 +595,28 @@ bool coroutine_fn ck_stored_rc(Check *k, uint64_t c, uint64_t *rc)
     return qcow2_get_refcount(k->s, c, rc) == 0;
 }
 
+/* The refcount as the report gives it: an aligned block past the end of
+ * the file reads as zeros, as qemu-img reads it (it was reported as
+ * outside the image); an unaligned one cannot be read at all. Repairs use
+ * ck_stored_rc, which refuses both. */
+static int coroutine_fn reported_rc(Check *k, uint64_t c, uint64_t *rc)
+{
+    Qcow2State *s = k->s;
+    uint64_t ti = c >> s->rb_bits;
+    uint64_t rb = ti < s->rt_size ? s->rt[ti] & QCOW2_REFT_OFFSET_MASK : 0;
+    *rc = 0;
+    bool outside = rb && qk_is_aligned(rb, s->cluster_size) && !qk_range_within(rb, s->cluster_size, k->file_len);
+    return outside ? 0 : qcow2_get_refcount(s, c, rc);
+}
+
 static void coroutine_fn compare(Check *k)
 {
     Qcow2State *s = k->s;
     uint64_t highest = 0;
     k->rc_unreadable = 0;
     for (uint64_t c = 0; c < k->nclusters; c++) {
-        uint64_t rc = 0, ref = k->refs[c];
-        int r = qcow2_get_refcount(s, c, &rc);
+        uint64_t rc, ref = k->refs[c];
+        int r = reported_rc(k, c, &rc);
         if (r < 0) {
             ck_say(k, "Can't get refcount for cluster %llu: %s", (unsigned long long)c, strerror(-r));
             k->res->check_errors++;
@@ -640,7 +654,7 @@ int coroutine_fn ck_check_copied(Check *k)
         }
         uint64_t rc;
         /* A refcount that cannot be read was reported by the compare. */
-        if (ck_stored_rc(k, off >> s->cluster_bits, &rc) && (rc == 1) != !!(s->l1[i] & QCOW2_OFLAG_COPIED)) {
+        if (reported_rc(k, off >> s->cluster_bits, &rc) == 0 && (rc == 1) != !!(s->l1[i] & QCOW2_OFLAG_COPIED)) {
             ck_say(k, "ERROR OFLAG_COPIED L2 cluster: l1_index=%llu l1_entry=%llx refcount=%llu",
                    (unsigned long long)i, (unsigned long long)s->l1[i], (unsigned long long)rc);
             k->res->corruptions++;
@@ -659,7 +673,7 @@ int coroutine_fn ck_check_copied(Check *k)
             }
             /* A data file's clusters are never shared: refcount 1, as qemu-img counts them. */
             rc = 1;
-            if (!qcow2_has_data_file(s) && !ck_stored_rc(k, d >> s->cluster_bits, &rc)) {
+            if (!qcow2_has_data_file(s) && reported_rc(k, d >> s->cluster_bits, &rc) < 0) {
                 continue;
             }
             if ((rc == 1) != !!(e & QCOW2_OFLAG_COPIED)) {
