@@ -300,6 +300,15 @@ static void coroutine_fn say_released(Check *k, const uint64_t *old, size_t n)
     }
 }
 
+/* What a refusal after the first pass says was left as it was: all of
+ * the image, unless unaligned preallocated entries were made zero
+ * entries already (a change that stands on its own). */
+static const char *left_alone(const Check *k)
+{
+    return k->prealloc_fixed ? "the image is unchanged but for the preallocated entries repaired above"
+                             : "the image is unchanged";
+}
+
 /* The repair proper; the caller checks again afterwards. */
 static int coroutine_fn repair(Check *k, int fix, QkError *err)
 {
@@ -314,8 +323,8 @@ static int coroutine_fn repair(Check *k, int fix, QkError *err)
     ck_compute(k);
     k->skip_refcount_structure = false;
     if (scratch.check_errors) {
-        return qk_error_set(err, -EIO, "could not read all of the image's metadata; "
-                            "not repairing, the image is unchanged");
+        return qk_error_set(err, -EIO, "could not read all of the image's metadata; not repairing, %s",
+                            left_alone(k));
     }
     if (structure_trusted(k)) {
         r = fix_in_place(k, fix);
@@ -325,7 +334,7 @@ static int coroutine_fn repair(Check *k, int fix, QkError *err)
     } else if ((fix & QK_CHECK_FIX_ERRORS) && k->partial) {
         /* A rebuild counts only the references it can see. */
         return qk_error_set(err, -EIO, "the refcount structure must be rebuilt, but part of the metadata "
-                            "could not be read; not repairing, the image is unchanged");
+                            "could not be read; not repairing, %s", left_alone(k));
     } else if (fix & QK_CHECK_FIX_ERRORS) {
         ck_say(k, "Rebuilding refcount structure");
         uint64_t *old = NULL;

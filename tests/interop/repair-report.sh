@@ -20,7 +20,8 @@
 #    (what that table references is unknown) and names each once;
 #    deleting the snapshot, then -r leaks, frees them;
 #  - a zero-flag entry at an offset inside a cluster: -r all makes it a
-#    plain zero entry, as qemu-img does (line for line);
+#    plain zero entry, as qemu-img does (line for line), and says so when
+#    a later step refuses;
 #  - an L2 table the end of the file cuts short (it starts in the last,
 #    partial cluster): its clusters are counted, not freed as leaks;
 #    -r all extends the file over it; the data reads back throughout;
@@ -266,6 +267,37 @@ for mode in "" "-r leaks" "-r all" "-r all --output=json"; do
   same "unaligned preallocated entry, check $mode"
   qemu-io -r -c 'read -P 0xaa 64k 64k' k.qcow2 >/dev/null 2>&1 || bad "unaligned preallocated entry, $mode: data changed"
 done
+
+# An unaligned preallocated entry beside a snapshot L1 table past the end
+# of the file and a table whose refcount is 0: -r all makes the entry a
+# zero entry, then refuses the rebuild, and says that entry is all it
+# changed (only those bytes differ; the data reads the same).
+qemu-img create -q -f qcow2 orig.qcow2 4M
+qemu-io -c 'write -P 1 0 1M' orig.qcow2 >/dev/null
+qemu-img snapshot -c s1 orig.qcow2
+qemu-io -c 'write -P 2 0 128k' -c 'write -z 0 64k' orig.qcow2 >/dev/null
+l2=$(python3 - orig.qcow2 <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+h = f.read(104)
+l1, rt, sn = (struct.unpack(">Q", h[o:o + 8])[0] for o in (40, 48, 64))
+f.seek(l1); l2 = struct.unpack(">Q", f.read(8))[0] & 0x00fffffffffffe00
+f.seek(l2); e = struct.unpack(">Q", f.read(8))[0]
+f.seek(l2); f.write(struct.pack(">Q", e + 512))
+f.seek(sn); f.write(struct.pack(">Q", 0x1000000))
+f.seek(rt); rb = struct.unpack(">Q", f.read(8))[0]
+f.seek(rb + 2 * (l2 >> 16)); f.write(struct.pack(">H", 0))
+print(l2)
+PY
+)
+cp orig.qcow2 k.qcow2
+out=$("$QK" check -r all k.qcow2 2>&1) && bad "prealloc fix, then a refused rebuild: -r all succeeded"
+echo "$out" | grep -qF "not repairing, the image is unchanged but for the preallocated entries repaired above" ||
+  { bad "prealloc fix, then a refused rebuild: the message does not say what changed"; echo "$out"; }
+changed=$(cmp -l orig.qcow2 k.qcow2 | awk -v lo="$l2" '$1 - 1 < lo || $1 - 1 >= lo + 8' | wc -l)
+[ "$changed" = 0 ] || bad "prealloc fix, then a refused rebuild: $changed bytes changed outside the entry"
+qemu-io -r -c 'read -P 0 0 64k' -c 'read -P 2 64k 64k' -c 'read -P 1 128k 896k' k.qcow2 >/dev/null ||
+  bad "prealloc fix, then a refused rebuild: data changed"
 
 # Reserved bits set in an L2 entry (a data cluster) and in an L1 entry
 # (a table far into the disk): named in qemu-img's words; neither tool
