@@ -409,7 +409,8 @@ static int coroutine_fn write_bitmap(Qcow2State *s, const QkDirtyBitmap *bm, Qco
  * gone from the header's directory by now). A cluster that is also live
  * metadata (a damaged or hostile directory naming the L1 table, say) is
  * left alone, a leak at worst: freeing it would hand the table to the
- * allocator, and the next write would overwrite it. */
+ * allocator, and the next write would overwrite it. So is one under an
+ * entry the format forbids, and one past the end of the file. */
 static int coroutine_fn free_bitmap(Qcow2State *s, const Qcow2BmEntry *e)
 {
     uint64_t cs = s->cluster_size;
@@ -422,7 +423,8 @@ static int coroutine_fn free_bitmap(Qcow2State *s, const Qcow2BmEntry *e)
     qk_co_mutex_lock(&s->lock);
     for (uint64_t i = 0; r == 0 && i < n; i++) {
         uint64_t te = be64toh(t[i]), off = te & BME_ENTRY_OFFSET;
-        if (off && table_entry_ok(te, cs) && !qcow2_meta_overlap(s, off, cs, 0)) {
+        if (off && table_entry_ok(te, cs) && qk_range_within(off, cs, s->file_size) &&
+            !qcow2_meta_overlap(s, off, cs, 0)) {
             r = qcow2_free_clusters(s, off, cs);
         }
     }

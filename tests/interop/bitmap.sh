@@ -302,6 +302,15 @@ for e in $((entry | 2)) $((entry + 512)) $((entry | 1)) $((entry | (1 << 60))); 
   qemu-img check -q bdd.qcow2 || bad "$what: not clean after -r leaks"
   qemu-io -c 'read -P 0xcd 0 64k' -c 'read -P 0x5a 1M 64k' bdd.qcow2 >/dev/null || bad "$what: data read back"
 done
+# An entry past the end of the file: the same, and --remove frees the
+# table itself (the cluster the entry used to name is the one leak).
+cp bd.qcow2 bdd.qcow2
+python3 -c 'import struct, sys; f = open(sys.argv[1], "r+b"); f.seek(int(sys.argv[2])); f.write(struct.pack(">Q", 1 << 30))' \
+  bdd.qcow2 "$toff"
+"$QK" io -c 'write -P 0x5a 1M 64k' bdd.qcow2 >/dev/null 2>&1 || bad "bitmap entry past the end: a write failed"
+"$QK" bitmap --remove bdd.qcow2 bm 2>/dev/null || bad "bitmap entry past the end: --remove failed"
+out=$(qemu-img check bdd.qcow2 2>&1)
+echo "$out" | grep -q '^1 leaked clusters' || { bad "bitmap entry past the end: after --remove"; echo "$out"; }
 
 # snapshot -a to a larger snapshot (a deliberate difference: qemu-img
 # refuses -a with bitmaps): the enabled bitmap grows with the disk and is
