@@ -191,7 +191,7 @@ static int check_table(Qcow2State *s, const char *what, uint64_t off, uint64_t b
     return 0;
 }
 
-int qcow2_validate_header(Qcow2State *s, uint64_t file_len, bool rdwr, bool check_ro, QkError *err)
+int qcow2_validate_header(Qcow2State *s, uint64_t file_len, bool rdwr, bool l1_may_be_lost, QkError *err)
 {
     Qcow2Header *h = &s->h;
     s->cluster_bits = h->cluster_bits;
@@ -246,12 +246,14 @@ int qcow2_validate_header(Qcow2State *s, uint64_t file_len, bool rdwr, bool chec
         return qk_error_corrupt(err, "L1 table is too small (%u entries) for the virtual size", h->l1_size);
     }
     int r;
-    if (check_ro && l1_bytes && qk_is_aligned(h->l1_table_offset, s->cluster_size) &&
+    if (l1_may_be_lost && l1_bytes && qk_is_aligned(h->l1_table_offset, s->cluster_size) &&
         h->l1_table_offset >= s->cluster_size && !qk_range_within(h->l1_table_offset, l1_bytes, file_len)) {
-        /* Past the end of the file: a check reads it as zeros, as
-         * qemu-img does, to report what else is wrong. Nothing else opens
-         * it: a writer would place new clusters under it, and qemu-img's
-         * repair frees what the lost table referenced. */
+        /* Past the end of the file: a read-only check (or info, which
+         * reads no guest data) reads it as zeros, as qemu-img does, to
+         * report what else is wrong. Nothing else opens it: a writer would
+         * place new clusters under it, qemu-img's repair frees what the
+         * lost table referenced, and a reader would take the lost data for
+         * zeros. */
         s->l1_past_eof = true;
     } else {
         r = check_table(s, "L1 table", h->l1_table_offset, l1_bytes, file_len, err);

@@ -181,7 +181,7 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
     r = qcow2_parse_extensions(s, c0, &bfmt, err);
     if (r == 0) {
         r = qcow2_validate_header(s, flen, !bs->read_only && !(opts->flags & QK_OPEN_CHECK),
-                                  bs->read_only && (opts->flags & QK_OPEN_CHECK), err);
+                                  bs->read_only && (opts->flags & (QK_OPEN_CHECK | QK_OPEN_METADATA_ONLY)), err);
     }
     if (r == 0) {
         r = qcow2_data_file_open(s, opts, err);

@@ -254,7 +254,7 @@ struct Qcow2State {
     size_t meta_n;
     uint64_t meta_gen, meta_built_gen;
     unsigned meta_checks;
-    bool l1_past_eof;           /* a read-only check opened an L1 table past EOF (read as zeros there) */
+    bool l1_past_eof;           /* a read-only check or info opened an L1 table past EOF (zeros there) */
     bool meta_corrupt;          /* found corrupt (qcow2_signal_corruption): no more writes */
     char meta_corrupt_msg[160];
     bool nonfatal_said;         /* qcow2_note_corruption spoke once: it stays quiet */
@@ -344,7 +344,7 @@ int coroutine_fn qcow2_data_file_amend(QkBlock *bs, const char *name, bool clear
 
 /* header.c */
 int qcow2_read_header(QkBlock *file, Qcow2Header *h, uint8_t **cluster0, uint64_t *file_len, QkError *err);
-int qcow2_validate_header(Qcow2State *s, uint64_t file_len, bool rdwr, bool check_ro, QkError *err);
+int qcow2_validate_header(Qcow2State *s, uint64_t file_len, bool rdwr, bool l1_may_be_lost, QkError *err);
 int qcow2_parse_extensions(Qcow2State *s, const uint8_t *cluster0, char **backing_fmt, QkError *err);
 void qcow2_free_extensions(Qcow2State *s);
 /* Reads the directory the bitmaps extension names (n = 0 when there is

@@ -26,8 +26,9 @@
 #    partial cluster): its clusters are counted, not freed as leaks;
 #    -r all extends the file over it; the data reads back throughout;
 #  - reserved bits in an L1 and an L2 entry: named in qemu-img's words;
-#  - the active L1 table past the end of the file: check reports it as
-#    qemu-img does; -r refuses (qemu-img's frees the data);
+#  - the active L1 table past the end of the file: check and info report
+#    it as qemu-img does; -r and map refuse (qemu-img's repair frees the
+#    data);
 #  - an active L2 entry naming a snapshot's L1 table: the sharing shows
 #    as the refcount too low that it is, and -r all raises it, so a later
 #    write copies the cluster instead of writing over the table.
@@ -332,6 +333,12 @@ for mode in "" "--output=json"; do
   same "active L1 table past the end of the file, check $mode"
 done
 grep -q '^rc=2$' k.out || bad "active L1 table past the end of the file: check exit status"
+for mode in "" "--output=json"; do
+  # shellcheck disable=SC2086
+  diff <(qemu-img info $mode k.qcow2 2>&1) <("$QK" info $mode k.qcow2 2>&1) ||
+    bad "active L1 table past the end of the file: info $mode differs from qemu-img's"
+done
+"$QK" map k.qcow2 >/dev/null 2>&1 && bad "active L1 table past the end of the file: map read the lost table as zeros"
 for mode in "-r leaks" "-r all"; do
   # shellcheck disable=SC2086
   out=$("$QK" check $mode k.qcow2 2>&1) && bad "active L1 table past the end of the file: check $mode succeeded"
