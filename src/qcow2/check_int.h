@@ -22,9 +22,12 @@ typedef struct Check {
     QkCheckResult *res;
     QkCheckReport *report;
     void *opaque;
-    uint32_t *refs;             /* computed references per cluster of the file */
+    uint32_t *refs;             /* computed references per cluster of the file, and one past it */
     uint8_t *kind;              /* CK_* per cluster */
     uint64_t nclusters;
+    /* The slot past the file's clusters holds references (less than a
+     * cluster past the end of the file); only the report looks at it. */
+    bool slack;
     uint64_t file_len;
     /* Count everything but the refcount table and blocks (repair decides
      * separately whether they can be trusted). */

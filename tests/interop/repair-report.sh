@@ -26,9 +26,9 @@
 #    partial cluster): its clusters are counted, not freed as leaks;
 #    -r all extends the file over it; the data reads back throughout;
 #  - reserved bits in an L1 and an L2 entry: named in qemu-img's words;
-#  - the active L1 table past the end of the file: check and info report
-#    it as qemu-img does; -r and map refuse (qemu-img's repair frees the
-#    data);
+#  - the active L1 table past the end of the file (far past it, or right
+#    at it): check and info report it as qemu-img does; -r and map refuse
+#    (qemu-img's repair frees the data);
 #  - an active L2 entry naming a snapshot's L1 table: the sharing shows
 #    as the refcount too low that it is, and -r all raises it, so a later
 #    write copies the cluster instead of writing over the table.
@@ -321,30 +321,37 @@ for mode in "" "--output=json" "-r all"; do
   grep -q '^ERROR found l2 entry with reserved bits set: ' k.out || bad "reserved bits: the L2 entry is not named"
 done
 
-# The active L1 table a cluster or more past the end of the file: check
-# reads it as zeros and reports what qemu-img reports (line for line);
-# -r refuses to open the image and leaves it as it was, where qemu-img's
+# The active L1 table past the end of the file (a cluster or more past
+# it, or right at it): check reads it as zeros and reports what qemu-img
+# reports (line for line: at the end, qemu-img counts the cluster past the
+# end and reports its refcount); info shows what qemu-img shows; -r
+# refuses to open the image and leaves it as it was, where qemu-img's
 # repair frees the clusters the lost table referenced, the data with them.
-qemu-img create -q -f qcow2 orig.qcow2 64M
-qemu-io -c 'write -P 7 0 64k' orig.qcow2 >/dev/null
-printf '\0\0\0\0\0\x10\0\0' | dd of=orig.qcow2 bs=1 seek=40 conv=notrunc 2>/dev/null
-for mode in "" "--output=json"; do
-  twins "$mode" true
-  same "active L1 table past the end of the file, check $mode"
-done
-grep -q '^rc=2$' k.out || bad "active L1 table past the end of the file: check exit status"
-for mode in "" "--output=json"; do
-  # shellcheck disable=SC2086
-  diff <(qemu-img info $mode k.qcow2 2>&1) <("$QK" info $mode k.qcow2 2>&1) ||
-    bad "active L1 table past the end of the file: info $mode differs from qemu-img's"
-done
-"$QK" map k.qcow2 >/dev/null 2>&1 && bad "active L1 table past the end of the file: map read the lost table as zeros"
-for mode in "-r leaks" "-r all"; do
-  # shellcheck disable=SC2086
-  out=$("$QK" check $mode k.qcow2 2>&1) && bad "active L1 table past the end of the file: check $mode succeeded"
-  echo "$out" | grep -q 'L1 table (offset 0x100000, 8 bytes) lies past the end of the file' ||
-    { bad "active L1 table past the end of the file: check $mode does not say why"; echo "$out"; }
-  cmp -s orig.qcow2 k.qcow2 || bad "active L1 table past the end of the file: check $mode changed the file"
+for where in far end; do
+  qemu-img create -q -f qcow2 orig.qcow2 64M
+  qemu-io -c 'write -P 7 0 64k' orig.qcow2 >/dev/null
+  l1=$((0x100000))
+  [ $where = end ] && l1=$(stat -c %s orig.qcow2)
+  python3 -c 'import struct, sys; f = open(sys.argv[1], "r+b"); f.seek(40); f.write(struct.pack(">Q", int(sys.argv[2])))' \
+    orig.qcow2 "$l1"
+  what="active L1 table past the end of the file ($where)"
+  for mode in "" "--output=json"; do
+    twins "$mode" true
+    same "$what, check $mode"
+  done
+  grep -q '^rc=2$' k.out || bad "$what: check exit status"
+  for mode in "" "--output=json"; do
+    # shellcheck disable=SC2086
+    diff <(qemu-img info $mode k.qcow2 2>&1) <("$QK" info $mode k.qcow2 2>&1) || bad "$what: info $mode differs from qemu-img's"
+  done
+  "$QK" map k.qcow2 >/dev/null 2>&1 && bad "$what: map read the lost table as zeros"
+  for mode in "-r leaks" "-r all"; do
+    # shellcheck disable=SC2086
+    out=$("$QK" check $mode k.qcow2 2>&1) && bad "$what: check $mode succeeded"
+    echo "$out" | grep -q "L1 table (offset $(printf '%#x' "$l1"), 8 bytes) lies past the end of the file" ||
+      { bad "$what: check $mode does not say why"; echo "$out"; }
+    cmp -s orig.qcow2 k.qcow2 || bad "$what: check $mode changed the file"
+  done
 done
 
 # An L2 table in the file's last, partial cluster (its first 512 bytes
