@@ -110,6 +110,33 @@ static bool get_bytes(const QkDirtyBitmap *bm, uint64_t first, uint8_t *buf, uin
     return any;
 }
 
+enum { TABLE_OK, TABLE_INVALID, TABLE_PAST_EOF };
+
+/* Whether a table has an entry the format forbids (or cannot be read:
+ * see Qcow2BmEntry.broken) or, worse, one past the end of the file: a
+ * writer would grow the file over that cluster and put data there, which
+ * a later removal of the bitmap, finding the entry good by then, would
+ * free under the data. */
+static int coroutine_fn scan_table(Qcow2State *s, const Qcow2BmEntry *e, uint64_t *past)
+{
+    uint64_t cs = s->cluster_size;
+    uint64_t n = e->table_size;
+    uint64_t *t = n ? malloc(n * 8) : NULL;
+    int kind = n && (!t || qk_co_pread(s->bs->file, e->table_off, n * 8, t, 0) < 0) ? TABLE_INVALID : TABLE_OK;
+    for (uint64_t i = 0; kind == TABLE_OK && i < n; i++) {
+        uint64_t te = be64toh(t[i]), off = te & BME_ENTRY_OFFSET;
+        if (!table_entry_ok(te, cs)) {
+            kind = TABLE_INVALID;
+        }
+        if (off && !qk_range_within(off, cs, s->file_size)) {
+            *past = off;
+            kind = TABLE_PAST_EOF;
+        }
+    }
+    free(t);
+    return kind;
+}
+
 /* Reads one consistent bitmap's data through its table. */
 static int coroutine_fn load_data(Qcow2State *s, const Qcow2BmEntry *e, QkDirtyBitmap *bm)
 {
@@ -288,11 +315,20 @@ int coroutine_fn qcow2_bitmaps_open(QkBlock *bs, QkError *err)
         /* In use: not saved after its last change. Unknown extra data
          * without the compatible flag: not ours to interpret. Both are
          * kept as they are and never used. */
+        uint64_t past = 0;
+        int kind = scan_table(s, e, &past);
+        if (kind == TABLE_PAST_EOF && !s->read_only) {
+            r = qk_error_corrupt(err, "bitmap '%s' has a table entry past the end of the file (%#llx), "
+                                 "which a write could reuse; the image can be opened read-only (convert copies "
+                                 "it without the bitmap)", e->name, (unsigned long long)past);
+            break;
+        }
+        d->e[i].broken = kind != TABLE_OK;
         if ((e->flags & QCOW2_BME_IN_USE) || (e->extra_len && !(e->flags & QCOW2_BME_EXTRA_COMPAT))) {
             bm->inconsistent = true;
             continue;
         }
-        r = load_data(s, e, bm);
+        r = kind == TABLE_OK ? load_data(s, e, bm) : -QK_ECORRUPT;
         if (r == -QK_ECORRUPT) {
             /* A table qemu-img refuses to open the image for. Kept as it
              * is and never used, as one in use is, so the image stays
@@ -301,6 +337,7 @@ int coroutine_fn qcow2_bitmaps_open(QkBlock *bs, QkError *err)
                                   "used (remove it)", e->name);
             qk_hbitmap_reset_all(bm->bits);
             bm->inconsistent = true;
+            d->e[i].broken = true;
             r = 0;
             continue;
         }
@@ -410,7 +447,9 @@ static int coroutine_fn write_bitmap(Qcow2State *s, const QkDirtyBitmap *bm, Qco
  * metadata (a damaged or hostile directory naming the L1 table, say) is
  * left alone, a leak at worst: freeing it would hand the table to the
  * allocator, and the next write would overwrite it. So is one under an
- * entry the format forbids, and one past the end of the file. */
+ * entry the format forbids, and one past the end of the file; and every
+ * data cluster of a table that had such an entry when the image was
+ * opened (e->broken). */
 static int coroutine_fn free_bitmap(Qcow2State *s, const Qcow2BmEntry *e)
 {
     uint64_t cs = s->cluster_size;
@@ -421,7 +460,7 @@ static int coroutine_fn free_bitmap(Qcow2State *s, const Qcow2BmEntry *e)
     uint64_t *t = malloc(n * 8);
     int r = t ? qk_co_pread(s->bs->file, e->table_off, n * 8, t, 0) : -ENOMEM;
     qk_co_mutex_lock(&s->lock);
-    for (uint64_t i = 0; r == 0 && i < n; i++) {
+    for (uint64_t i = 0; r == 0 && !e->broken && i < n; i++) {
         uint64_t te = be64toh(t[i]), off = te & BME_ENTRY_OFFSET;
         if (off && table_entry_ok(te, cs) && qk_range_within(off, cs, s->file_size) &&
             !qcow2_meta_overlap(s, off, cs, 0)) {
@@ -534,6 +573,7 @@ int coroutine_fn qcow2_bitmaps_store(QkBlock *bs, QkError *err)
             e->type = old->type;
             e->gbits = old->gbits;
             e->flags = old->flags;
+            e->broken = old->broken;
             kept[bm->disk_slot - 1] = true;
         } else {
             e->flags = (bm->enabled ? QCOW2_BME_AUTO : 0) | (old ? old->flags & QCOW2_BME_EXTRA_COMPAT : 0);

@@ -166,6 +166,10 @@ typedef struct Qcow2BmEntry {
     uint32_t extra_len;
     uint8_t *extra;
     char *name;
+    /* An entry the format forbids or past the end of the file when the
+     * image was opened: the file may have grown over that cluster since,
+     * so removing the bitmap frees none of its data clusters. */
+    bool broken;
 } Qcow2BmEntry;
 typedef struct Qcow2BmDir {
     Qcow2BmEntry *e;

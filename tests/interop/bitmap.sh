@@ -18,7 +18,9 @@
 #  - bitmaps this code cannot keep (unknown flags) refuse a read-write open
 #    and the image stays as it was;
 #  - a bitmap table entry the specification forbids: named by check, kept
-#    (unusable) by a read-write open, and freed safely by --remove.
+#    (unusable) by a read-write open, and freed safely by --remove; one
+#    past the end of the file refuses a read-write open (a write could
+#    reuse its cluster), and convert copies the disk without it.
 # Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/snapshot-lib.bash"
 
@@ -302,15 +304,24 @@ for e in $((entry | 2)) $((entry + 512)) $((entry | 1)) $((entry | (1 << 60))); 
   qemu-img check -q bdd.qcow2 || bad "$what: not clean after -r leaks"
   qemu-io -c 'read -P 0xcd 0 64k' -c 'read -P 0x5a 1M 64k' bdd.qcow2 >/dev/null || bad "$what: data read back"
 done
-# An entry past the end of the file: the same, and --remove frees the
-# table itself (the cluster the entry used to name is the one leak).
+# An entry past the end of the file: a writer would grow the file over
+# that cluster and put data there, which a later removal (the entry then
+# good) would free under the data. So a read-write open refuses the image,
+# unchanged, as qemu-img does; a read-only one works, and convert copies
+# the disk without the bitmap.
 cp bd.qcow2 bdd.qcow2
-python3 -c 'import struct, sys; f = open(sys.argv[1], "r+b"); f.seek(int(sys.argv[2])); f.write(struct.pack(">Q", 1 << 30))' \
-  bdd.qcow2 "$toff"
-"$QK" io -c 'write -P 0x5a 1M 64k' bdd.qcow2 >/dev/null 2>&1 || bad "bitmap entry past the end: a write failed"
-"$QK" bitmap --remove bdd.qcow2 bm 2>/dev/null || bad "bitmap entry past the end: --remove failed"
-out=$(qemu-img check bdd.qcow2 2>&1)
-echo "$out" | grep -q '^1 leaked clusters' || { bad "bitmap entry past the end: after --remove"; echo "$out"; }
+python3 -c 'import struct, sys; f = open(sys.argv[1], "r+b"); f.seek(int(sys.argv[2])); f.write(struct.pack(">Q", int(sys.argv[3])))' \
+  bdd.qcow2 "$toff" $(( ($(stat -c %s bdd.qcow2) + 65535) / 65536 * 65536 ))
+cp bdd.qcow2 bdd.before
+out=$("$QK" io -c 'write -P 0x5a 0 4k' bdd.qcow2 2>&1) && bad "bitmap entry past the end: a write was let through"
+echo "$out" | grep -q "bitmap 'bm' has a table entry past the end of the file" ||
+  { bad "bitmap entry past the end: the refusal does not say why"; echo "$out"; }
+"$QK" bitmap --remove bdd.qcow2 bm >/dev/null 2>&1 && bad "bitmap entry past the end: --remove was let through"
+cmp -s bdd.qcow2 bdd.before || bad "bitmap entry past the end: a refused open changed the image"
+"$QK" info bdd.qcow2 >/dev/null || bad "bitmap entry past the end: info (read-only) refused"
+"$QK" convert -O qcow2 bdd.qcow2 bdd.copy.qcow2 || bad "bitmap entry past the end: convert refused"
+qemu-img compare -q bd.qcow2 bdd.copy.qcow2 || bad "bitmap entry past the end: the copy differs from the undamaged image"
+qemu-img check -q bdd.copy.qcow2 || bad "bitmap entry past the end: the copy does not check clean"
 
 # snapshot -a to a larger snapshot (a deliberate difference: qemu-img
 # refuses -a with bitmaps): the enabled bitmap grows with the disk and is
