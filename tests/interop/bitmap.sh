@@ -265,8 +265,8 @@ done
 # the cluster the entry points into (no second cluster, nothing leaked),
 # so -r all changes no refcount for it; a read-write open keeps the
 # bitmap as it is, unusable, and the image writable; removing the bitmap
-# frees its good clusters and leaks the one under the broken entry, which
-# check -r leaks then frees.
+# frees its table and leaks its data clusters (here the one under the
+# broken entry), which check -r leaks then frees.
 read -r toff entry < <(python3 - bd.qcow2 "$dir" <<'PY'
 import struct, sys
 f = open(sys.argv[1], "rb").read()
