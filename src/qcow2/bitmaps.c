@@ -312,9 +312,6 @@ int coroutine_fn qcow2_bitmaps_open(QkBlock *bs, QkError *err)
         bm->persistent = true;
         bm->disk_slot = i + 1;
         bm->enabled = false;
-        /* In use: not saved after its last change. Unknown extra data
-         * without the compatible flag: not ours to interpret. Both are
-         * kept as they are and never used. */
         uint64_t past = 0;
         int kind = scan_table(s, e, &past);
         if (kind == TABLE_PAST_EOF && !s->read_only) {
@@ -324,6 +321,9 @@ int coroutine_fn qcow2_bitmaps_open(QkBlock *bs, QkError *err)
             break;
         }
         d->e[i].broken = kind != TABLE_OK;
+        /* In use: not saved after its last change. Unknown extra data
+         * without the compatible flag: not ours to interpret. Both are
+         * kept as they are and never used. */
         if ((e->flags & QCOW2_BME_IN_USE) || (e->extra_len && !(e->flags & QCOW2_BME_EXTRA_COMPAT))) {
             bm->inconsistent = true;
             continue;
