@@ -300,13 +300,17 @@ static void coroutine_fn say_released(Check *k, const uint64_t *old, size_t n)
     }
 }
 
-/* What a refusal after the first pass says was left as it was: all of
- * the image, unless unaligned preallocated entries were made zero
- * entries already (a change that stands on its own). */
+/* What a refusal says was left as it was: all of the image, unless
+ * unaligned preallocated entries were made zero entries already (a change
+ * that stands on its own), or damage met on the way marks the image
+ * corrupt when it closes, as QEMU marks it. */
 static const char *left_alone(const Check *k)
 {
-    return k->prealloc_fixed ? "the image is unchanged but for the preallocated entries repaired above"
-                             : "the image is unchanged";
+    if (k->prealloc_fixed) {
+        return "the image is unchanged but for the preallocated entries repaired above";
+    }
+    return k->s->meta_corrupt && !k->s->read_only ? "the image is unchanged but marked corrupt"
+                                                  : "the image is unchanged";
 }
 
 /* The repair proper; the caller checks again afterwards. */
@@ -350,8 +354,8 @@ static int coroutine_fn repair(Check *k, int fix, QkError *err)
     } else {
         /* As qemu-img: fixing leaks alone cannot make this image right. */
         ck_say(k, "ERROR need to rebuild refcount structures");
-        return qk_error_set(err, -EIO, "the refcount structure must be rebuilt: repair with -r all "
-                            "(the image is unchanged)");
+        return qk_error_set(err, -EIO, "the refcount structure must be rebuilt: repair with -r all (%s)",
+                            left_alone(k));
     }
     bool copied = fix & QK_CHECK_FIX_ERRORS;
     if (!copied) {
@@ -484,8 +488,8 @@ int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err)
     /* Refcounts that cannot be read are the rebuild's to replace; any
      * other part that cannot be read stops the repair. */
     if ((uint32_t)before.check_errors > k->rc_unreadable) {
-        return qk_error_set(err, -EIO, "could not read all of the image's metadata; "
-                            "not repairing, the image is unchanged");
+        return qk_error_set(err, -EIO, "could not read all of the image's metadata; not repairing, %s",
+                            left_alone(k));
     }
     uint32_t prealloc = 0;
     if ((fix & QK_CHECK_FIX_ERRORS) && k->prealloc_bad) {

@@ -31,8 +31,8 @@
 # And a refcount block at an offset inside a cluster: a write that needs
 # a new cluster fails as qemu-io's does (its line, the corrupt bit, the
 # same bytes); check reports it as qemu-img's does (line for line);
-# check -r all rebuilds the structure and leaves the image clean and
-# unmarked.
+# check -r leaks refuses and says the image is marked corrupt; check -r
+# all rebuilds the structure and leaves the image clean and unmarked.
 # Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/snapshot-lib.bash"
 
@@ -300,6 +300,13 @@ for mode in "" "--output=json"; do
     bad "unaligned refcount block: check $mode differs from qemu-img's"
   fi
 done
+# -r leaks cannot rebuild: it refuses, and says that the damage it met
+# marks the image corrupt (the one byte that changes, as with qemu-img).
+out=$("$QK" check -r leaks k.qcow2 2>&1) && bad "unaligned refcount block: check -r leaks succeeded"
+echo "$out" | grep -qF "repair with -r all (the image is unchanged but marked corrupt)" ||
+  { bad "unaligned refcount block: check -r leaks does not say what it changed"; echo "$out"; }
+[ "$(cmp -l orig.qcow2 k.qcow2 | awk '{print $1}' | tr '\n' ' ')" = "80 " ] ||
+  bad "unaligned refcount block: check -r leaks changed more than the corrupt bit"
 "$QK" check -r all k.qcow2 >ko.txt 2>&1 || { bad "unaligned refcount block: check -r all failed"; cat ko.txt; }
 qemu-img check k.qcow2 >/dev/null 2>&1 || bad "unaligned refcount block: not clean after check -r all"
 qemu-img info k.qcow2 | grep -q "corrupt: false" || bad "unaligned refcount block: marked corrupt after its repair"
