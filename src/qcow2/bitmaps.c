@@ -33,10 +33,9 @@
 #define BME_ENTRY_OFFSET 0x00fffffffffffe00ULL
 #define BME_ALL_ONES 1ULL
 
-/* What the specification allows in a bitmap table entry: no reserved
- * bits, and with an offset, a cluster-aligned one without the all-ones
- * flag. An entry that breaks this is never read and never freed. */
-static bool table_entry_ok(uint64_t te, uint64_t cs)
+/* An entry that breaks the specification's rules is never read and
+ * never freed. */
+bool qcow2_bitmap_entry_ok(uint64_t te, uint64_t cs)
 {
     uint64_t off = te & BME_ENTRY_OFFSET;
     return !(te & BME_ENTRY_RESERVED) && !(off && (te & BME_ALL_ONES)) && qk_is_aligned(off, cs);
@@ -125,7 +124,7 @@ static int coroutine_fn scan_table(Qcow2State *s, const Qcow2BmEntry *e, uint64_
     int kind = n && (!t || qk_co_pread(s->bs->file, e->table_off, n * 8, t, 0) < 0) ? TABLE_INVALID : TABLE_OK;
     for (uint64_t i = 0; kind == TABLE_OK && i < n; i++) {
         uint64_t te = be64toh(t[i]), off = te & BME_ENTRY_OFFSET;
-        if (!table_entry_ok(te, cs)) {
+        if (!qcow2_bitmap_entry_ok(te, cs)) {
             kind = TABLE_INVALID;
         }
         if (off && !qk_range_within(off, cs, s->file_size)) {
@@ -151,7 +150,7 @@ static int coroutine_fn load_data(Qcow2State *s, const Qcow2BmEntry *e, QkDirtyB
         uint64_t te = be64toh(t[i]);
         uint64_t off = te & BME_ENTRY_OFFSET;
         uint64_t len = QK_MIN(cs, total - i * cs);
-        if (!table_entry_ok(te, cs) || (off && !qk_range_within(off, cs, s->file_size))) {
+        if (!qcow2_bitmap_entry_ok(te, cs) || (off && !qk_range_within(off, cs, s->file_size))) {
             r = -QK_ECORRUPT;
         } else if (!off) {
             if (te & BME_ALL_ONES) {
@@ -462,7 +461,7 @@ static int coroutine_fn free_bitmap(Qcow2State *s, const Qcow2BmEntry *e)
     qk_co_mutex_lock(&s->lock);
     for (uint64_t i = 0; r == 0 && !e->broken && i < n; i++) {
         uint64_t te = be64toh(t[i]), off = te & BME_ENTRY_OFFSET;
-        if (off && table_entry_ok(te, cs) && qk_range_within(off, cs, s->file_size) &&
+        if (off && qcow2_bitmap_entry_ok(te, cs) && qk_range_within(off, cs, s->file_size) &&
             !qcow2_meta_overlap(s, off, cs, 0)) {
             r = qcow2_free_clusters(s, off, cs);
         }

@@ -522,8 +522,7 @@ static int coroutine_fn check_bitmaps(Check *k)
             uint32_t bad = 0, first_bad = 0;
             for (uint32_t j = 0; j < tsize; j++) {
                 uint64_t o = bt[j] & QCOW2_L1E_OFFSET_MASK;
-                if ((bt[j] & ~QCOW2_L1E_OFFSET_MASK & ~1ULL) || (o && (bt[j] & 1)) ||
-                    !qk_is_aligned(o, s->cluster_size)) {
+                if (!qcow2_bitmap_entry_ok(bt[j], s->cluster_size)) {
                     first_bad = bad++ ? first_bad : j;
                 }
                 /* A broken entry still holds the cluster it points into:

@@ -346,6 +346,11 @@ int coroutine_fn qcow2_data_file_close(Qcow2State *s);
  * qemu-img does) and/or clears the raw bit; rewrites the header. */
 int coroutine_fn qcow2_data_file_amend(QkBlock *bs, const char *name, bool clear_raw, QkError *err);
 
+/* bitmaps.c: what the specification allows in a bitmap table entry: no
+ * reserved bits, and with an offset, a cluster-aligned one without the
+ * all-ones flag. */
+bool qcow2_bitmap_entry_ok(uint64_t te, uint64_t cs);
+
 /* header.c */
 int qcow2_read_header(QkBlock *file, Qcow2Header *h, uint8_t **cluster0, uint64_t *file_len, QkError *err);
 int qcow2_validate_header(Qcow2State *s, uint64_t file_len, bool rdwr, bool l1_may_be_lost, QkError *err);
