@@ -29,7 +29,8 @@ static uint64_t new_ref(const Check *k, const Layout *l, uint64_t c)
     if (c >= l->start && c < l->end) {
         return 1;
     }
-    return c < k->nclusters ? k->refs[c] : 0;
+    /* The slack cluster just past the file keeps its references too. */
+    return c < k->nclusters + k->slack ? k->refs[c] : 0;
 }
 
 /* Does range ti (the clusters one block describes) need a block? */
@@ -163,12 +164,12 @@ int coroutine_fn ck_rebuild_refcounts(Check *k, QkError *err)
                             "to place a new refcount structure safely; image left unchanged");
     }
     uint64_t per_block = 1ULL << s->rb_bits;
-    uint64_t nused = QK_DIV_ROUND_UP(k->nclusters, per_block);
+    uint64_t nused = QK_DIV_ROUND_UP(k->nclusters + k->slack, per_block);
     bool *used = calloc(QK_MAX(nused, 1), 1);
     if (!used) {
         return qk_error_set(err, -ENOMEM, "out of memory for the refcount rebuild");
     }
-    for (uint64_t c = 0; c < k->nclusters; c++) {
+    for (uint64_t c = 0; c < k->nclusters + k->slack; c++) {
         if (k->refs[c]) {
             used[c >> s->rb_bits] = true;
         }

@@ -69,7 +69,7 @@ static bool coroutine_fn structure_trusted(Check *k)
     /* A cluster in use without a stored refcount may already have been
      * handed out again: only a structure built from scratch is safe. */
     bool unreadable = false;
-    for (uint64_t c = 0; c < k->nclusters; c++) {
+    for (uint64_t c = 0; c < k->nclusters + k->slack; c++) {
         uint64_t rc;
         if (!k->refs[c]) {
             continue;
@@ -88,7 +88,7 @@ static bool coroutine_fn structure_trusted(Check *k)
      * qemu-img reports them; only the clusters in use without a refcount
      * when the structure's own clusters could not be counted. */
     bool all = added && !unreadable;
-    for (uint64_t c = 0; !ok && c < k->nclusters; c++) {
+    for (uint64_t c = 0; !ok && c < k->nclusters + k->slack; c++) {
         uint64_t rc;
         if (ck_stored_rc(k, c, &rc) && (all ? rc != k->refs[c] : k->refs[c] && rc == 0)) {
             ck_say(k, "%s cluster %llu refcount=%llu reference=%u", rc > k->refs[c] ? "Leaked" : "ERROR",
@@ -119,7 +119,9 @@ static int coroutine_fn fix_in_place(Check *k, int fix)
             ck_say(k, "ERROR not freeing the %llu leaked clusters: part of the metadata that may "
                    "still reference them could not be read", (unsigned long long)leaks);
         }
-        for (uint64_t c = 0; c < k->nclusters; c++) {
+        /* The cluster just past the file (k->slack) too: its block is
+         * stored, so a change there allocates nothing. */
+        for (uint64_t c = 0; c < k->nclusters + k->slack; c++) {
             uint64_t rc, ref = k->refs[c];
             if (!ck_stored_rc(k, c, &rc) || rc == ref) {
                 continue;

@@ -31,7 +31,12 @@
 #    (qemu-img's repair frees the data);
 #  - an active L2 entry naming a snapshot's L1 table: the sharing shows
 #    as the refcount too low that it is, and -r all raises it, so a later
-#    write copies the cluster instead of writing over the table.
+#    write copies the cluster instead of writing over the table;
+#  - a compressed cluster whose data starts right at the end of the file
+#    (the cluster just past it): its refcount 0 is an error that -r all
+#    repairs by a rebuild, its refcount 2 one repaired in place, each as
+#    qemu-img repairs it (line for line, then check clean), and a
+#    refcount width change keeps it.
 # The run uses the ASan build when there is one. Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/snapshot-lib.bash"
 
@@ -352,6 +357,46 @@ for where in far end; do
       { bad "$what: check $mode does not say why"; echo "$out"; }
     cmp -s orig.qcow2 k.qcow2 || bad "$what: check $mode changed the file"
   done
+done
+
+# A compressed cluster cut off by the end of the file, its data starting
+# right there: qemu-img counts it in the cluster past the file, and its
+# repair sets that refcount (a rebuild when it was 0, in place when it was
+# wrong but stored).
+for rc in 0 2; do
+  qemu-img create -q -f qcow2 orig.qcow2 1M
+  qemu-io -c 'write -c -P 5 0 64k' orig.qcow2 >/dev/null
+  python3 - orig.qcow2 "$rc" <<'PY'
+import os, struct, sys
+f = open(sys.argv[1], "r+b")
+cs = 65536
+f.seek(40 + 0)
+l1 = struct.unpack(">Q", f.read(8))[0]
+f.seek(l1)
+l2 = struct.unpack(">Q", f.read(8))[0] & 0x00fffffffffffe00
+f.seek(l2)
+e = struct.unpack(">Q", f.read(8))[0]
+data = e & ((1 << 54) - 1)  # 64 KiB clusters: the host offset's bits
+assert e >> 62 == 1 and data % cs == 0, "the compressed cluster does not start a cluster"
+f.truncate(data)
+f.seek(48)
+rt = struct.unpack(">Q", f.read(8))[0]
+f.seek(rt)
+rb = struct.unpack(">Q", f.read(8))[0]
+f.seek(rb + data // cs * 2)
+f.write(struct.pack(">H", int(sys.argv[2])))
+PY
+  what="compressed cluster past the end of the file, refcount $rc"
+  for mode in "" "-r leaks" "-r all" "-r all --output=json"; do
+    twins "$mode" recheck
+    [ "$mode" = "-r leaks" ] && [ "$rc" = 0 ] && sed -i '/Check failed/d' q.out k.out
+    same "$what, check $mode"
+  done
+  qemu-img check k.qcow2 >/dev/null 2>&1 || bad "$what: not clean after -r all"
+  # The width change rebuilds the structure from the references: the
+  # cluster past the file keeps its count there too.
+  "$QK" amend -o refcount_bits=4 k.qcow2 || bad "$what: amend -o refcount_bits=4 failed"
+  qemu-img check k.qcow2 >/dev/null 2>&1 || bad "$what: not clean after amend -o refcount_bits=4"
 done
 
 # An L2 table in the file's last, partial cluster (its first 512 bytes
