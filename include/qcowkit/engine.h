@@ -190,6 +190,11 @@ enum {
      * clusters (the last may end at the image's end); -ENOTSUP where the
      * format cannot compress. */
     QK_REQ_COMPRESSED = 1 << 4,
+    /* Zero write into an image that is about to get a backing file (a
+     * safe rebase of one that has none): the zeros must hide what that
+     * file will show, so they are recorded even where nothing is below
+     * yet. */
+    QK_REQ_BACKING_PENDING = 1 << 5,
     /* Bits 8..11 are the engine's own (what a driver writes, for fault
      * injection). */
 };

@@ -106,7 +106,9 @@ static int coroutine_fn compare_range(RebaseRun *r, uint64_t off, uint64_t len, 
         }
         /* Zeros become a zero write (a zero cluster, not data). */
         if (old_zero || qk_buf_is_zero(oldbuf + u, n)) {
-            ret = qk_co_pwrite_zeroes(r->top, off + u, n, 0);
+            /* An image without a backing file is about to get one:
+             * zeros there must be recorded, not left unallocated. */
+            ret = qk_co_pwrite_zeroes(r->top, off + u, n, QK_REQ_BACKING_PENDING);
         } else {
             QkIov q;
             qk_iov_init_buf(&q, oldbuf + u, n);

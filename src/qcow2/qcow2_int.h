@@ -187,6 +187,10 @@ struct Qcow2State {
     QkBlock *data;
     char *data_file_name;       /* as the header extension names it */
     bool data_raw;              /* the data file is kept a valid raw image */
+    /* Zero writes under way with QK_REQ_BACKING_PENDING: while any is,
+     * every zero write acts as if a backing file were below (the safe
+     * side for the others: zeros recorded that need not be). */
+    unsigned backing_pending;
 
     uint32_t cluster_bits;
     uint64_t cluster_size;

@@ -67,7 +67,7 @@ static int coroutine_fn free_entry(Qcow2State *s, uint64_t l2e, int mode)
  * as zeros" is only right when neither holds. */
 static bool has_backing_file(const Qcow2State *s)
 {
-    return s->bs->backing || s->h.backing_file_offset;
+    return s->bs->backing || s->h.backing_file_offset || s->backing_pending;
 }
 
 /* Updates the entries of clusters [c, c+n), all in one L2 table. */
@@ -308,9 +308,23 @@ static int coroutine_fn zero_partial(Qcow2State *s, uint64_t off, uint64_t len)
     return r;
 }
 
+static int coroutine_fn pwrite_zeroes(Qcow2State *s, uint64_t off, uint64_t bytes, int flags);
+
 int coroutine_fn qcow2_co_pwrite_zeroes(QkBlock *bs, uint64_t off, uint64_t bytes, int flags)
 {
     Qcow2State *s = qcow2_state(bs);
+    if (!(flags & QK_REQ_BACKING_PENDING)) {
+        return pwrite_zeroes(s, off, bytes, flags);
+    }
+    s->backing_pending++;
+    int r = pwrite_zeroes(s, off, bytes, flags);
+    s->backing_pending--;
+    return r;
+}
+
+static int coroutine_fn pwrite_zeroes(Qcow2State *s, uint64_t off, uint64_t bytes, int flags)
+{
+    QkBlock *bs = s->bs;
     if (!qcow2_is_v3(s) && has_backing_file(s)) {
         return -ENOTSUP; /* unmapping would show the backing file */
     }

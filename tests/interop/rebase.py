@@ -134,6 +134,15 @@ case("raw old backing file", [
 case("compat=0.10 overlay", [
     ("a.qcow2", "qcow2", 8 * M, "compat=0.10", None, a_data), ("b.qcow2", "qcow2", 8 * M, "", None, b_data),
     ("t.qcow2", "qcow2", 8 * M, "compat=0.10", Q("a.qcow2"), t_data)], ["-b", "b.qcow2", "-F", "qcow2", "t.qcow2"])
+# An image without a backing file given one: wherever the new backing
+# file has data and the image holds nothing (no L2 table there at all, or
+# an unallocated entry), the image must record zeros (data zeros in v2,
+# which has no zero flag: there qemu-img lets the new file show through).
+for o in ("cluster_size=4096", "cluster_size=512", "cluster_size=4096,compat=0.10", "extended_l2=on"):
+    case("from no backing file onto one (%s)" % o, [
+        ("b.qcow2", "qcow2", 8 * M, "", None, ["write -P 0x22 1M 64k", "write -P 0x22 3M 64k", "write -P 0x23 %d 96k" % (7 * M)]),
+        ("t.qcow2", "qcow2", 8 * M, o, None, ["write -P 0x71 0 4k", "write -P 0x72 %d 1000" % (3 * M + 4096)])],
+        ["-b", "b.qcow2", "-F", "qcow2", "t.qcow2"], same_content_as_qemu="compat=0.10" not in o)
 case("backing in a subdirectory, name relative to the overlay", [
     ("a.qcow2", "qcow2", 8 * M, "", None, a_data), ("t.qcow2", "qcow2", 8 * M, "", Q("a.qcow2"), t_data)],
     ["-b", "a.qcow2", "-F", "qcow2", "t.qcow2"])
