@@ -244,6 +244,43 @@ int coroutine_fn qcow2_bitmap_begin_change(QkBlock *bs, QkDirtyBitmap *bm, QkErr
     return 0;
 }
 
+int coroutine_fn qcow2_bitmaps_begin_resize(Qcow2State *s, QkError *err)
+{
+    Qcow2BmDir *d = &s->bm_disk;
+    if (!s->bm_live || !s->bm_disk_flags) {
+        return 0;
+    }
+    /* As QEMU refuses: its size would change under a bitmap already
+     * known to be out of date. */
+    for (uint32_t i = 0; i < d->n; i++) {
+        if (d->e[i].flags & QCOW2_BME_IN_USE) {
+            return qk_error_set(err, -EBUSY, "Bitmap '%s' is inconsistent and cannot be used\n"
+                                "Try 'qcowkit bitmap --remove' to delete this bitmap from disk", d->e[i].name);
+        }
+    }
+    /* Every stored bitmap, disabled ones too, describes the old size
+     * until the store at close: marked in use (durably) before the new
+     * size reaches the header, a crash in between leaves them stale,
+     * not invalid. */
+    uint32_t *old = malloc((d->n ? d->n : 1) * sizeof(*old));
+    if (!old) {
+        return qk_error_set(err, -ENOMEM, "out of memory");
+    }
+    bool change = false;
+    for (uint32_t i = 0; i < d->n; i++) {
+        old[i] = s->bm_disk_flags[i];
+        change |= !(old[i] & QCOW2_BME_IN_USE);
+        s->bm_disk_flags[i] |= QCOW2_BME_IN_USE;
+    }
+    int r = change ? write_disk_flags(s) : 0;
+    if (r < 0) {
+        memcpy(s->bm_disk_flags, old, d->n * sizeof(*old));
+        qk_error_set_errno(err, r, "Could not mark the bitmaps in use");
+    }
+    free(old);
+    return r;
+}
+
 int qcow2_bitmap_can_store(QkBlock *bs, const char *name, uint64_t granularity, QkError *err)
 {
     Qcow2State *s = qcow2_state(bs);

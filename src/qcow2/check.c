@@ -486,7 +486,9 @@ static int coroutine_fn check_bitmaps(Check *k)
             if (gbits < 9 || gbits > 31) {
                 ck_say(k, "ERROR bitmap %u has granularity bits %u (9 to 31 allowed)", i, gbits);
                 k->res->corruptions++;
-            } else {
+            } else if (!(flags & QCOW2_BME_IN_USE)) {
+                /* One in use may still have the size before a resize
+                 * (QEMU's rule too): only its data is out of date. */
                 uint64_t bits = QK_DIV_ROUND_UP(s->h.size, 1ULL << gbits);
                 uint64_t want = QK_DIV_ROUND_UP(QK_DIV_ROUND_UP(bits, 8), s->cluster_size);
                 if (tsize != want) {

@@ -225,11 +225,14 @@ int coroutine_fn qcow2_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc preall
     if (s->h.nb_snapshots && !qcow2_is_v3(s)) {
         return qk_error_set(err, -ENOTSUP, "Can't resize a v2 image which has snapshots");
     }
+    if (size < old && prealloc != QK_PREALLOC_OFF) {
+        return qk_error_set(err, -EINVAL, "Preallocation can't be used for shrinking an image");
+    }
     if (size < old) {
-        if (prealloc != QK_PREALLOC_OFF) {
-            return qk_error_set(err, -EINVAL, "Preallocation can't be used for shrinking an image");
+        int r = qcow2_bitmaps_begin_resize(s, err);
+        if (r == 0) {
+            r = shrink(s, size, err);
         }
-        int r = shrink(s, size, err);
         if (r == 0 && qcow2_has_data_file(s)) {
             /* Nothing refers past the new end any more. */
             r = qk_co_truncate(s->data, size, QK_PREALLOC_OFF, err);
@@ -244,6 +247,12 @@ int coroutine_fn qcow2_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc preall
          * be zeroed. (From size 0 it is creation: the backing file is
          * meant to show.) */
         return qk_error_set(err, -ENOTSUP, "Cannot grow an image whose backing file is not open");
+    }
+    if (size != old) {
+        int r = qcow2_bitmaps_begin_resize(s, err);
+        if (r < 0) {
+            return r;
+        }
     }
     if (qcow2_has_data_file(s) && old != 0) {
         /* The data file grows first (its preallocation is its own), and

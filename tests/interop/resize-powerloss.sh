@@ -6,22 +6,31 @@
 # data as it was. Growing from size 0 once wrote the size before the new
 # L1 table's place and length were durable: the image then could not be
 # opened ("L1 table is too small"). Shrinks and growths that move the L1
-# table are run as well. Exit 0 pass, 1 fail.
+# table are run as well. With persistent bitmaps (enabled and disabled)
+# every state must also open in qemu-img (a bitmap not in use must have a
+# table the size in the header needs, so all are marked in use before the
+# size changes) and qcowkit check must agree with qemu-img's; an image
+# whose bitmap is already in use is refused, as qemu-img refuses it.
+# Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/snapshot-lib.bash"
 
-run_case() { # NAME CREATE_OPTS OLD_SIZE WRITE NEW_SIZE_ARGS...
-  local name=$1 opts=$2 old=$3 write=$4
-  shift 4
+run_case() { # NAME CREATE_OPTS OLD_SIZE WRITE BITMAPS(0|1) NEW_SIZE_ARGS...
+  local name=$1 opts=$2 old=$3 write=$4 bitmaps=$5
+  shift 5
   rm -f img.qcow2 init.qcow2 w.log
   qemu-img create -q -f qcow2 -o "$opts" img.qcow2 "$old"
   [ -n "$write" ] && qemu-io -c "$write" img.qcow2 >/dev/null
+  if [ "$bitmaps" = 1 ]; then
+    qemu-img bitmap --add -g 512 img.qcow2 on
+    qemu-img bitmap --add --disable -g 4096 img.qcow2 off
+  fi
   cp img.qcow2 init.qcow2
   QCOWKIT_LOG_WRITES=$PWD/w.log "$QK" resize img.qcow2 "$@" >/dev/null || { bad "$name: resize failed"; return; }
-  python3 - "$SRC_DIR/tests/crash" init.qcow2 img.qcow2 w.log "$write" "$name" <<'PY' || fail=1
+  python3 - "$SRC_DIR/tests/crash" init.qcow2 img.qcow2 w.log "$write" "$name" "$QK" <<'PY' || fail=1
 import os, subprocess, sys
 sys.path.insert(0, sys.argv[1])
 import replay, wlog
-init, img, log, write, name = sys.argv[2:7]
+init, img, log, write, name, qk = sys.argv[2:8]
 recs = wlog.records_for(wlog.read_log(log), img)
 sizes = set()
 for path in (init, img):
@@ -35,7 +44,8 @@ for st, data in replay.states(open(init, "rb").read(), recs, 1, 12):
     chk = subprocess.run(["qemu-img", "check", "state.qcow2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     info = subprocess.run(["qemu-img", "info", "--output=json", "state.qcow2"], stdout=subprocess.PIPE, text=True).stdout
     size = info.split('"virtual-size": ')[1].split(",")[0] if '"virtual-size": ' in info else None
-    ok = chk.returncode in (0, 3) and size in sizes
+    ours = subprocess.run([qk, "check", "state.qcow2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ok = chk.returncode in (0, 3) and size in sizes and ours.returncode == chk.returncode
     if ok and write:
         pat, off, ln = write.split()[2], write.split()[3], write.split()[4]
         rd = subprocess.run(["qemu-io", "-r", "-c", "read -P %s %s %s" % (pat, off, ln), "state.qcow2"],
@@ -44,8 +54,9 @@ for st, data in replay.states(open(init, "rb").read(), recs, 1, 12):
     if not ok:
         bad += 1
         if bad <= 3:
-            print("FAIL: %s: crash state at record %d (durable %d, applied %s): check %d, size %s\n%s" %
-                  (name, st.point, st.durable, st.chosen, chk.returncode, size, chk.stdout[-600:]))
+            print("FAIL: %s: crash state at record %d (durable %d, applied %s): check %d (qcowkit %d), size %s\n%s%s" %
+                  (name, st.point, st.durable, st.chosen, chk.returncode, ours.returncode, size, chk.stdout[-600:],
+                   ours.stdout[-600:]))
 if n == 0:
     print("FAIL: %s: no crash states" % name)
     sys.exit(1)
@@ -53,9 +64,39 @@ sys.exit(1 if bad else 0)
 PY
 }
 
-run_case "grow from 0" cluster_size=65536 0 "" 16M
-run_case "grow from 0, 4k clusters" cluster_size=4096 0 "" 1G
-run_case "grow, L1 moves" cluster_size=4096 64M "write -P 0x5a 1M 256k" 64G
-run_case "grow, not a cluster multiple" cluster_size=65536 1000k "write -P 0x5a 0 512k" 3M
-run_case "shrink" cluster_size=65536 8M "write -P 0x5a 0 1M" --shrink 2M
+run_case "grow from 0" cluster_size=65536 0 "" 0 16M
+run_case "grow from 0, 4k clusters" cluster_size=4096 0 "" 0 1G
+run_case "grow, L1 moves" cluster_size=4096 64M "write -P 0x5a 1M 256k" 0 64G
+run_case "grow, not a cluster multiple" cluster_size=65536 1000k "write -P 0x5a 0 512k" 0 3M
+run_case "shrink" cluster_size=65536 8M "write -P 0x5a 0 1M" 0 --shrink 2M
+run_case "grow with bitmaps" cluster_size=65536 16M "write -P 0x5a 0 1M" 1 1G
+run_case "grow with bitmaps, 512-byte clusters" cluster_size=512 16M "write -P 0x5a 0 64k" 1 64M
+run_case "shrink with bitmaps" cluster_size=65536 1G "write -P 0x5a 0 1M" 1 --shrink 16M
+
+# A bitmap already in use (out of date): the size stays, as with qemu-img.
+rm -f iu.qcow2
+qemu-img create -q -f qcow2 iu.qcow2 16M
+qemu-img bitmap --add iu.qcow2 stale
+python3 - iu.qcow2 <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+d = f.read()
+off = struct.unpack_from(">I", d, 100)[0]  # header length: extensions follow
+while True:
+    t, l = struct.unpack_from(">II", d, off)
+    if t == 0x23852875:
+        dir_off = struct.unpack_from(">Q", d, off + 8 + 16)[0]
+        break
+    off += 8 + ((l + 7) & ~7)
+f.seek(dir_off + 15)
+f.write(bytes([d[dir_off + 15] | 1]))  # the in-use flag
+PY
+cp iu.qcow2 iu0.qcow2
+for op in "resize iu.qcow2 1G" "resize --shrink iu.qcow2 8M" "amend -o size=1G iu.qcow2"; do
+  # shellcheck disable=SC2086
+  out=$("$QK" $op 2>&1) && bad "in-use bitmap: $op succeeded"
+  echo "$out" | grep -q "^qcowkit: Bitmap 'stale' is inconsistent and cannot be used$" ||
+    { bad "in-use bitmap: $op: not qemu-img's message"; echo "$out"; }
+  cmp -s iu.qcow2 iu0.qcow2 || bad "in-use bitmap: $op changed the image"
+done
 exit $fail
