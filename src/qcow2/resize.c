@@ -51,6 +51,12 @@ static int coroutine_fn cut_tail(Qcow2State *s, uint64_t end, bool growing)
  * file must never end before a cluster the disk still says is in use. */
 static int coroutine_fn trim_file(Qcow2State *s)
 {
+    /* Refcounts that were found wrong on the way cannot say where the
+     * last cluster in use is: cutting by them could cut live metadata
+     * or data off. The file stays as long as it is. */
+    if (s->meta_corrupt || s->nonfatal_said) {
+        return 0;
+    }
     int r = qcow2_flush_caches(s);
     if (r == 0) {
         r = qk_co_flush(s->bs->file);
@@ -84,6 +90,9 @@ static int coroutine_fn trim_file(Qcow2State *s)
         c--;
     }
     uint64_t end = c << s->cluster_bits;
+    /* Never below the tables the header names, whatever the refcounts say. */
+    end = QK_MAX(end, qk_align_up(s->l1_offset + (uint64_t)s->l1_size * 8, s->cluster_size));
+    end = QK_MAX(end, s->rt_offset + ((uint64_t)s->rt_clusters << s->cluster_bits));
     if (end >= (uint64_t)flen) {
         return 0;
     }
@@ -115,6 +124,9 @@ static int coroutine_fn write_size(Qcow2State *s, uint64_t size)
 static int coroutine_fn shrink(Qcow2State *s, uint64_t size, QkError *err)
 {
     int r = cut_tail(s, size, false);
+    if (r == 0 && s->meta_corrupt) {
+        r = -EIO; /* the cut met corrupt metadata: the size stays */
+    }
     if (r == 0) {
         r = qcow2_flush_caches(s);
     }

@@ -791,6 +791,38 @@ def run_entry_names_refcount_table(qcowkit, work, env):
             print("     exit %d\n     %s" % (p.returncode, (p.stdout + chk.stdout).strip().replace("\n", "\n     ")[:1500]))
     return fails
 
+# A shrink of an image whose refcount table names itself as its first
+# block (so live clusters read refcount 0): freeing the cut-off clusters
+# notes the corruption, and then the file must not be cut where those
+# refcounts say it may (that cut took the L1 table and the data with it).
+# Both widths, by resize --shrink and by amend -o size=; the data below
+# the new size reads back.
+def run_shrink_bad_refcounts(qcowkit, work, env):
+    fails = 0
+    img = os.path.join(work, "shrink-rc.qcow2")
+    for rb in (16, 32):
+        for op in (["resize", "--shrink", img, "2M"], ["amend", "-o", "size=2M", img]):
+            sh(["rm", "-f", img])
+            sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "cluster_size=16k,refcount_bits=%d" % rb, img, "4M"])
+            sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x71 0 1M", "-c", "write -P 0x72 3M 64k", img])
+            with open(img, "r+b") as f:
+                b = bytearray(f.read())
+                rt = struct.unpack_from(">Q", b, 48)[0]
+                be("Q", b, rt, rt)
+                f.seek(0)
+                f.write(b)
+            size = os.path.getsize(img)
+            p = subprocess.run([qcowkit] + op, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            rd = sh(["qemu-io", "-r", "-f", "qcow2", "-c", "read -P 0x71 0 1M", img])
+            ok = (os.path.getsize(img) == size and rd.returncode == 0 and "verification failed" not in rd.stdout and
+                  "Sanitizer" not in p.stdout and "runtime error" not in p.stdout)
+            print("%s shrink with refcounts that name the refcount table (%d-bit, %s)" % ("ok  " if ok else "FAIL", rb, op[0]))
+            if not ok:
+                fails += 1
+                print("     exit %d, file %d -> %d bytes\n     %s" % (p.returncode, size, os.path.getsize(img),
+                                                                 (p.stdout + rd.stdout).strip()[:1500]))
+    return fails
+
 # A backing chain at the depth limit (128 images, data in the bottom one
 # and one in the middle) reads and maps through the ASan build: each
 # layer's open used to keep a 3 KiB error on the coroutine's stack, which
@@ -897,6 +929,7 @@ def main():
     fails += run_new_metadata_over_snapshot_l1(qcowkit, work, env)
     fails += run_entry_names_refcount_table(qcowkit, work, env)
     fails += run_deep_chain(qcowkit, work, env)
+    fails += run_shrink_bad_refcounts(qcowkit, work, env)
     ncomp, cfails = run_compressed(qcowkit, work, env)
     fails += cfails
     nbm, bfails = run_bitmap_dir_damage(qcowkit, work, env)
