@@ -458,9 +458,14 @@ static int coroutine_fn check_bitmaps(Check *k)
             k->res->check_errors++;
             return 0;
         }
+        if (nb > 65535) {
+            ck_say(k, "ERROR bitmaps extension names %u bitmaps (at most 65535 allowed)", nb);
+            k->res->corruptions++;
+        }
         uint64_t p = 0;
         uint32_t i = 0;
-        BmName *names = calloc(nb ? nb : 1, sizeof(*names));
+        /* No more entries than the directory's bytes can hold are read. */
+        BmName *names = calloc(QK_MIN((uint64_t)nb, dsize / 24) + 1, sizeof(*names));
         if (!names) {
             free(dir);
             k->res->check_errors++;

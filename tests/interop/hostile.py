@@ -594,6 +594,8 @@ BITMAP_DAMAGE = [
     ("unknown flag", bm_set(lambda img: bitmap_entry(img, 0) + 12, "I", 0xa), "unknown flags", True),
     ("granularity bits 8", bm_set(lambda img: bitmap_entry(img, 0) + 17, "B", 8), "granularity bits 8", True),
     ("table size 5", bm_set(lambda img: bitmap_entry(img, 0) + 8, "I", 5), "table has 5 entries", True),
+    # check once sized its name list by this count: 64 GiB asked for.
+    ("4294967295 bitmaps", bm_set(lambda img: bitmap_ext(img) + 8, "I", 0xffffffff), "at most 65535 allowed", True),
 ]
 
 def run_bitmap_dir_damage(qcowkit, work, env):
