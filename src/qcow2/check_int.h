@@ -88,6 +88,9 @@ int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err);
  * k->refs (plus themselves) past everything in use, then switches the
  * header to them. The image is unchanged if it fails before the switch. */
 int coroutine_fn ck_rebuild_refcounts(Check *k, QkError *err);
+/* Makes OFLAG_COPIED of the active L1 and L2 entries say whether the
+ * stored refcount is 1, once the refcounts are right and durable. */
+int coroutine_fn ck_fix_copied(Check *k);
 /* Rewrites the refcount structure with 2^order-bit entries (amend
  * refcount_bits), by the rebuild above: the header switches to the new
  * structure and width in one write. Refuses, unchanged, when the image

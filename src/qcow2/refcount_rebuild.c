@@ -300,6 +300,15 @@ int coroutine_fn qcow2_change_refcount_order(Qcow2State *s, uint32_t order, bool
     r = ck_rebuild_refcounts(&k, err);
     if (r < 0) {
         set_order(s, old);
+    } else {
+        /* The new counts are the references, so a leak on a cluster in
+         * use (refcount 2 for one reference, as an interrupted snapshot
+         * deletion leaves it, without OFLAG_COPIED) became a count of 1:
+         * the flags follow, or check would call the leak an error. */
+        r = ck_fix_copied(&k);
+        if (r < 0) {
+            qk_error_set_errno(err, r, "Could not write OFLAG_COPIED flags for the new refcounts");
+        }
     }
     ck_free(&k);
     return r;

@@ -177,7 +177,7 @@ static bool want_copied(uint64_t rc)
 
 /* OFLAG_COPIED of the active L1 and L2 entries, set exactly when the
  * (now correct) refcount is 1. */
-static int coroutine_fn fix_copied(Check *k)
+int coroutine_fn ck_fix_copied(Check *k)
 {
     Qcow2State *s = k->s;
     bool l1_ok = true;
@@ -380,7 +380,7 @@ static int coroutine_fn repair(Check *k, int fix, QkError *err)
         }
     }
     if (copied) {
-        r = fix_copied(k);
+        r = ck_fix_copied(k);
         if (r < 0) {
             return qk_error_set_errno(err, r, "Could not write repaired OFLAG_COPIED flags");
         }
