@@ -170,7 +170,12 @@ static int coroutine_fn get_extent(Qcow2State *s, uint64_t off, uint64_t max_byt
             (e & QCOW2_L2E_OFFSET_MASK) != c << s->cluster_bits) {
             /* A data file keeps each cluster at its guest offset. QEMU
              * reads such an entry where it points; refused here, but
-             * without marking the image, which QEMU would then refuse. */
+             * without marking the image, which QEMU would then refuse;
+             * named in QEMU's words, once. */
+            qcow2_note_corruption(s, "External data file host cluster offset %#" PRIx64
+                                  " does not match guest cluster offset: %#" PRIx64 ", L2 index: %#" PRIx64 ")",
+                                  (uint64_t)(e & QCOW2_L2E_OFFSET_MASK), c << s->cluster_bits,
+                                  c & (s->l2_entries - 1));
             r = -QK_ECORRUPT;
             break;
         }

@@ -227,6 +227,9 @@ f.seek(l1); l2 = struct.unpack(">Q", f.read(8))[0] & 0x00fffffffffffe00
 f.seek(l2 + 8); f.write(struct.pack(">Q", (1 << 63) | 0x50000))
 PY
 out=$("$QK" io -c 'read 64k 4k' q.qcow2 2>&1) && bad "read a cluster mapped away from its guest offset"
+# Named in qemu-img's words (it was a bare "Structure needs cleaning").
+echo "$out" | grep -q "External data file host cluster offset 0x50000 does not match guest cluster offset: 0x10000, L2 index: 0x1)" ||
+  { bad "a cluster mapped away from its guest offset: not named"; echo "$out"; }
 # A data file name that is not a plain local path (a protocol or json:
 # name in the header extension) is refused, whatever it names.
 for evil in 'nbd:x' 'rbd:x' 'json:' 'a://b'; do
