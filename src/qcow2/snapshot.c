@@ -171,6 +171,13 @@ int coroutine_fn qcow2_walk_l1(Qcow2State *s, uint64_t *l1, uint64_t n, int adde
         if (!qk_is_aligned(l2off, s->cluster_size)) {
             return qcow2_bad_l2_offset(s, l2off, i);
         }
+        /* A table that is live metadata of another kind (only a corrupt
+         * L1 entry names one: the active L1 table itself, a refcount
+         * block) is neither walked nor freed: it leaks, and the structure
+         * it really is stays in use. L2 tables may be shared. */
+        if (addend < 0 && qcow2_meta_overlap(s, l2off, s->cluster_size, QCOW2_OL_L2)) {
+            continue;
+        }
         /* The table is released before its own refcount may drop to 0. */
         int r = walk_l2(s, l2off, addend, fix_copied);
         if (r == 0 && addend) {
