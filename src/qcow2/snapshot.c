@@ -163,6 +163,10 @@ int coroutine_fn qcow2_walk_l1(Qcow2State *s, uint64_t *l1, uint64_t n, int adde
     if (l1_changed) {
         *l1_changed = false;
     }
+    /* A walk that only sets flags goes on past a table it cannot read
+     * (the first error is returned at the end): the flags elsewhere
+     * still have to follow the refcounts. */
+    int first_err = 0;
     for (uint64_t i = 0; i < n; i++) {
         uint64_t l2off = l1[i] & QCOW2_L1E_OFFSET_MASK;
         if (!l2off) {
@@ -180,6 +184,10 @@ int coroutine_fn qcow2_walk_l1(Qcow2State *s, uint64_t *l1, uint64_t n, int adde
         }
         /* The table is released before its own refcount may drop to 0. */
         int r = walk_l2(s, l2off, addend, fix_copied);
+        if (r < 0 && addend == 0 && fix_copied && !s->meta_corrupt) {
+            first_err = first_err ? first_err : r;
+            continue;
+        }
         if (r == 0 && addend) {
             r = qcow2_update_refcount(s, l2off, s->cluster_size, addend);
         }
@@ -199,7 +207,7 @@ int coroutine_fn qcow2_walk_l1(Qcow2State *s, uint64_t *l1, uint64_t n, int adde
             l1[i] = ne;
         }
     }
-    return 0;
+    return first_err;
 }
 
 /* Writes n entries of l1 (host order) at off, zero-padded to whole
@@ -706,8 +714,13 @@ int coroutine_fn qcow2_co_snapshot_delete(QkBlock *bs, const char *id, const cha
         if (r == 0 && gone.l1_size) {
             r = qcow2_free_clusters(s, gone.l1_offset, (uint64_t)gone.l1_size * 8);
         }
+        /* Even after a walk that stopped half way (a table it could not
+         * read): the refcounts it lowered are right, the rest leak, and
+         * OFLAG_COPIED must follow what was lowered, or clusters the
+         * active tree alone now holds read as errors. */
+        int ur = update_active_tree(s, 0);
         if (r == 0) {
-            r = update_active_tree(s, 0);
+            r = ur;
         }
         if (r < 0) {
             qk_error_set_errno(err, r, "Could not free the snapshot's clusters");
