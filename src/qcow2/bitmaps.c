@@ -111,19 +111,20 @@ static bool get_bytes(const QkDirtyBitmap *bm, uint64_t first, uint8_t *buf, uin
 
 enum { TABLE_OK, TABLE_INVALID, TABLE_PAST_EOF };
 
-/* Whether a table has an entry the format forbids (or cannot be read:
+/* Reads a bitmap's table into *table (host order; the caller frees it)
+ * and says whether it has an entry the format forbids (or cannot be read:
  * see Qcow2BmEntry.broken) or, worse, one past the end of the file: a
  * writer would grow the file over that cluster and put data there, which
  * a later removal of the bitmap, finding the entry good by then, would
  * free under the data. */
-static int coroutine_fn scan_table(Qcow2State *s, const Qcow2BmEntry *e, uint64_t *past)
+static int coroutine_fn scan_table(Qcow2State *s, const Qcow2BmEntry *e, uint64_t **table, uint64_t *past)
 {
     uint64_t cs = s->cluster_size;
     uint64_t n = e->table_size;
     uint64_t *t = n ? malloc(n * 8) : NULL;
     int kind = n && (!t || qk_co_pread(s->bs->file, e->table_off, n * 8, t, 0) < 0) ? TABLE_INVALID : TABLE_OK;
     for (uint64_t i = 0; kind == TABLE_OK && i < n; i++) {
-        uint64_t te = be64toh(t[i]), off = te & BME_ENTRY_OFFSET;
+        uint64_t te = t[i] = be64toh(t[i]), off = te & BME_ENTRY_OFFSET;
         if (!qcow2_bitmap_entry_ok(te, cs)) {
             kind = TABLE_INVALID;
         }
@@ -132,28 +133,25 @@ static int coroutine_fn scan_table(Qcow2State *s, const Qcow2BmEntry *e, uint64_
             kind = TABLE_PAST_EOF;
         }
     }
-    free(t);
+    *table = t;
     return kind;
 }
 
-/* Reads one consistent bitmap's data through its table. */
-static int coroutine_fn load_data(Qcow2State *s, const Qcow2BmEntry *e, QkDirtyBitmap *bm)
+/* Reads one consistent bitmap's data through its table t, which
+ * scan_table found valid and inside the file. */
+static int coroutine_fn load_data(Qcow2State *s, const Qcow2BmEntry *e, const uint64_t *t, QkDirtyBitmap *bm)
 {
     uint64_t cs = s->cluster_size;
     uint64_t n = e->table_size;
-    uint64_t *t = malloc(n * 8);
     uint8_t *buf = qk_aligned_alloc(qk_block_buf_align(s->bs->file), cs);
-    int r = t && buf ? qk_co_pread(s->bs->file, e->table_off, n * 8, t, 0) : -ENOMEM;
+    int r = buf ? 0 : -ENOMEM;
     uint64_t chunks_per_cluster = cs * 8;
     uint64_t total = data_bytes(s->bs->size, e->gbits);
     for (uint64_t i = 0; r == 0 && i < n; i++) {
-        uint64_t te = be64toh(t[i]);
-        uint64_t off = te & BME_ENTRY_OFFSET;
+        uint64_t off = t[i] & BME_ENTRY_OFFSET;
         uint64_t len = QK_MIN(cs, total - i * cs);
-        if (!qcow2_bitmap_entry_ok(te, cs) || (off && !qk_range_within(off, cs, s->file_size))) {
-            r = -QK_ECORRUPT;
-        } else if (!off) {
-            if (te & BME_ALL_ONES) {
+        if (!off) {
+            if (t[i] & BME_ALL_ONES) {
                 qk_hbitmap_set(bm->bits, i * chunks_per_cluster, chunks_per_cluster);
             }
         } else {
@@ -163,7 +161,6 @@ static int coroutine_fn load_data(Qcow2State *s, const Qcow2BmEntry *e, QkDirtyB
             }
         }
     }
-    free(t);
     free(buf);
     return r;
 }
@@ -349,8 +346,10 @@ int coroutine_fn qcow2_bitmaps_open(QkBlock *bs, QkError *err)
         bm->disk_slot = i + 1;
         bm->enabled = false;
         uint64_t past = 0;
-        int kind = scan_table(s, e, &past);
+        uint64_t *table;
+        int kind = scan_table(s, e, &table, &past);
         if (kind == TABLE_PAST_EOF && !s->read_only) {
+            free(table);
             r = qk_error_corrupt(err, "bitmap '%s' has a table entry past the end of the file (%#llx), "
                                  "which a write could reuse; the image can be opened read-only (convert copies "
                                  "it without the bitmap)", e->name, (unsigned long long)past);
@@ -361,10 +360,12 @@ int coroutine_fn qcow2_bitmaps_open(QkBlock *bs, QkError *err)
          * without the compatible flag: not ours to interpret. Both are
          * kept as they are and never used. */
         if ((e->flags & QCOW2_BME_IN_USE) || (e->extra_len && !(e->flags & QCOW2_BME_EXTRA_COMPAT))) {
+            free(table);
             bm->inconsistent = true;
             continue;
         }
-        r = kind == TABLE_OK ? load_data(s, e, bm) : -QK_ECORRUPT;
+        r = kind == TABLE_OK ? load_data(s, e, table, bm) : -QK_ECORRUPT;
+        free(table);
         if (r == -QK_ECORRUPT) {
             /* A table qemu-img refuses to open the image for. Kept as it
              * is and never used, as one in use is, so the image stays

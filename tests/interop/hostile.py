@@ -54,6 +54,21 @@ def bad_l2_entry(val):
         return img
     return f
 
+def patch(path, mut):
+    """Applies a mutation (bytes -> bytes, as the ones above) to a file in place."""
+    with open(path, "rb") as f:
+        img = mut(bytearray(f.read()))
+    with open(path, "wb") as f:
+        f.write(img)
+
+def refcount_table_names_itself(img):
+    rt = struct.unpack_from(">Q", img, 48)[0]
+    be("Q", img, rt, rt)
+    return img
+
+def l1_names_itself(img):
+    return bad_l1_entry(struct.unpack_from(">Q", img, 40)[0])(img)
+
 def bad_refblock_entry(img):
     rt = struct.unpack_from(">Q", img, 48)[0]
     be("Q", img, rt, 0x7fffffff0000)  # refcount block far outside the file
@@ -807,12 +822,7 @@ def run_shrink_bad_refcounts(qcowkit, work, env):
             sh(["rm", "-f", img])
             sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "cluster_size=16k,refcount_bits=%d" % rb, img, "4M"])
             sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x71 0 1M", "-c", "write -P 0x72 3M 64k", img])
-            with open(img, "r+b") as f:
-                b = bytearray(f.read())
-                rt = struct.unpack_from(">Q", b, 48)[0]
-                be("Q", b, rt, rt)
-                f.seek(0)
-                f.write(b)
+            patch(img, refcount_table_names_itself)
             size = os.path.getsize(img)
             p = subprocess.run([qcowkit] + op, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             rd = sh(["qemu-io", "-r", "-f", "qcow2", "-c", "read -P 0x71 0 1M", img])
@@ -836,12 +846,7 @@ def run_commit_l1_as_l2(qcowkit, work, env):
     sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x71 0 2M", base])
     sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "cluster_size=16k", "-b", base, "-F", "qcow2", top])
     sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x73 600k 64k", top])
-    with open(top, "r+b") as f:
-        b = bytearray(f.read())
-        l1 = struct.unpack_from(">Q", b, 40)[0]
-        be("Q", b, l1, l1)
-        f.seek(0)
-        f.write(b)
+    patch(top, l1_names_itself)
     p = subprocess.run([qcowkit, "commit", top], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     chk = sh(["qemu-img", "check", top])
     w = sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x74 1M 32k", "-c", "read -P 0x74 1M 32k", top])
