@@ -124,6 +124,76 @@ static bool each_meta(Qcow2State *s, bool (*fn)(void *, uint64_t, uint64_t, unsi
     return true;
 }
 
+static int cmp_range(const void *a, const void *b)
+{
+    uint64_t x = ((const uint64_t *)a)[0], y = ((const uint64_t *)b)[0];
+    return x < y ? -1 : x > y;
+}
+
+/* A snapshot's L1 table named past the end of the file: nothing there to
+ * protect yet, but a write growing the file would put guest data (or a
+ * new table) where the snapshot's L1 table is said to be, and reverting
+ * to the snapshot would then read it as one. Kept as merged cluster
+ * ranges, since a hostile table can name many huge ones. */
+static void set_far(Qcow2State *s, const Qcow2Snapshot *sn, uint32_t n)
+{
+    free(s->snap_far);
+    s->snap_far = NULL;
+    s->snap_far_n = 0;
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        k += sn[i].l1_bad;
+    }
+    uint64_t(*v)[2] = k ? malloc(k * sizeof(*v)) : NULL;
+    if (!v) {
+        return; /* none, or out of memory: unprotected, as before */
+    }
+    k = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t len = (uint64_t)sn[i].l1_size * 8;
+        /* An unaligned or oversized table is not one any tool would read. */
+        if (!sn[i].l1_bad || !len || len > QCOW2_MAX_L1_BYTES || !qk_is_aligned(sn[i].l1_offset, s->cluster_size)) {
+            continue;
+        }
+        v[k][0] = sn[i].l1_offset >> s->cluster_bits;
+        v[k][1] = (sn[i].l1_offset + len - 1) >> s->cluster_bits;
+        k++;
+    }
+    qsort(v, k, sizeof(*v), cmp_range);
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        if (m && v[i][0] <= v[m - 1][1] + 1) {
+            v[m - 1][1] = QK_MAX(v[m - 1][1], v[i][1]);
+        } else {
+            v[m][0] = v[i][0];
+            v[m][1] = v[i][1];
+            m++;
+        }
+    }
+    if (!m) {
+        free(v);
+        return;
+    }
+    s->snap_far = v;
+    s->snap_far_n = m;
+}
+
+/* Whether a range of clusters meets a far snapshot L1 table. */
+static bool far_hit(const Qcow2State *s, uint64_t c0, uint64_t c1)
+{
+    /* First range ending at or after c0. */
+    uint32_t lo = 0, hi = s->snap_far_n;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (s->snap_far[mid][1] < c0) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo < s->snap_far_n && s->snap_far[lo][0] <= c1;
+}
+
 void qcow2_meta_set_snapshots(Qcow2State *s, const Qcow2Snapshot *sn, uint32_t n, uint64_t off, uint64_t len)
 {
     free(s->snap_l1);
@@ -131,10 +201,11 @@ void qcow2_meta_set_snapshots(Qcow2State *s, const Qcow2Snapshot *sn, uint32_t n
     /* Out of memory: the snapshots' tables go unprotected, as before. */
     s->snap_l1_n = s->snap_l1 ? n : 0;
     for (uint32_t i = 0; i < s->snap_l1_n; i++) {
-        /* A table outside the file protects nothing there. */
+        /* Tables past the end of the file go to set_far(). */
         s->snap_l1[i][0] = sn[i].l1_bad ? 0 : sn[i].l1_offset;
         s->snap_l1[i][1] = sn[i].l1_bad ? 0 : (uint64_t)sn[i].l1_size * 8;
     }
+    set_far(s, sn, n);
     s->snap_table_off = n ? off : 0;
     s->snap_table_len = n ? len : 0;
     qcow2_meta_changed(s);
@@ -226,11 +297,14 @@ unsigned qcow2_meta_overlap(Qcow2State *s, uint64_t off, uint64_t len, unsigned 
             candidate = !(s->meta_list[i].kind & ignore);
         }
         if (!candidate) {
-            return 0;
+            return !(ignore & QCOW2_OL_INACTIVE_L1) && far_hit(s, c0, c1) ? QCOW2_OL_INACTIVE_L1 : 0;
         }
     }
     Exact e = {.c0 = c0, .c1 = c1, .ignore = ignore};
     each_meta(s, exact, &e);
+    if (!e.hit && !(ignore & QCOW2_OL_INACTIVE_L1) && far_hit(s, c0, c1)) {
+        e.hit = QCOW2_OL_INACTIVE_L1;
+    }
     return e.hit;
 }
 

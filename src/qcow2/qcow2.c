@@ -113,6 +113,9 @@ static void free_state(Qcow2State *s)
     s->meta_list = NULL;
     free(s->snap_l1);
     s->snap_l1 = NULL;
+    free(s->snap_far);
+    s->snap_far = NULL;
+    s->snap_far_n = 0;
     s->snap_l1_n = 0;
     qcow2_bitmaps_free_list(s);
     qcow2_bitmaps_forget(s);

@@ -271,6 +271,11 @@ struct Qcow2State {
     uint64_t snap_table_off, snap_table_len;
     uint64_t (*snap_l1)[2];     /* offset, length */
     uint32_t snap_l1_n;
+    /* Snapshots' L1 tables named past the end of the file at open, as
+     * sorted disjoint cluster ranges [first, last]: kept out of meta_list,
+     * whose size the file's length bounds, but no less protected. */
+    uint64_t (*snap_far)[2];
+    uint32_t snap_far_n;
 };
 
 /* overlap.c: the kinds of metadata a write must not overlap. */

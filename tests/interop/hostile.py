@@ -418,6 +418,43 @@ def run_snapshot_l1_past_eof(qcowkit, work, env):
         print("     qcowkit %r\n     qemu-img %r" % (k, q))
     return fails
 
+# Two snapshots' L1 tables named past the end of the file, a cluster
+# apart, and a guest write that grows the file over them: refused as
+# qemu-io refuses it ("overlaps with inactive L1 table"), the image marked
+# corrupt, and no guest data where the tables are said to be. The write
+# used to land there, so reverting to a snapshot would have read guest
+# data as its L1 table.
+def run_write_over_far_snapshot_l1(qcowkit, work, env):
+    orig = os.path.join(work, "snfar.qcow2")
+    snapshot_image(orig, "64M", "write -P 0x11 0 1M", "write -P 0x33 0 64k")
+    sh(["qemu-img", "snapshot", "-c", "s2", orig])
+    img = bytearray(open(orig, "rb").read())
+    far = (len(img) + 2 * 65536) // 65536 * 65536
+    sn = struct.unpack_from(">Q", img, 64)[0]
+    be("Q", img, sn, far)                       # s1's l1_table_offset
+    extra = struct.unpack_from(">I", img, sn + 36)[0]
+    idl, namel = struct.unpack_from(">HH", img, sn + 12)
+    sn2 = sn + (40 + extra + idl + namel + 7) // 8 * 8
+    be("Q", img, sn2, far + 2 * 65536)          # s2's
+    res = {}
+    for tool in ("qemu-io", qcowkit):
+        path = os.path.join(work, "snfar-%d.qcow2" % len(res))
+        with open(path, "wb") as f:
+            f.write(img)
+        args = [tool] + (["-f", "qcow2"] if tool == "qemu-io" else ["io"]) + ["-c", "write -P 0x22 8M 4M", path]
+        p = subprocess.run(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        data = open(path, "rb").read()
+        landed = any(data[o:o + 8] == b"\x22" * 8 for o in (far, far + 2 * 65536))
+        corrupt = bool(struct.unpack_from(">Q", data, 72)[0] & 2)
+        res[tool] = (p.returncode, landed, corrupt, "overlaps with inactive L1 table" in p.stdout, p.stdout)
+    q, k = res["qemu-io"], res[qcowkit]
+    ok = (q[:4] == (1, False, True, True) and k[:4] == q[:4] and "Sanitizer" not in k[4] and
+          "runtime error" not in k[4])
+    print("%s a write growing the file over snapshots' L1 tables named past its end" % ("ok  " if ok else "FAIL"))
+    if not ok:
+        print("     qcowkit %r\n     qemu-io %r" % (k, q))
+    return 0 if ok else 1
+
 # snapshot -c on an image whose active tree names a cluster (or an L2
 # table) at an offset inside a cluster: refused before anything changes,
 # with QEMU's "Marking image as corrupt" line and its corrupt bit (the
@@ -984,6 +1021,7 @@ def main():
     fails += run_unaligned_free(qcowkit, work, env)
     fails += run_bad_snapshot_apply(qcowkit, work, env)
     fails += run_snapshot_l1_past_eof(qcowkit, work, env)
+    fails += run_write_over_far_snapshot_l1(qcowkit, work, env)
     fails += run_snapshot_create_bad_tree(qcowkit, work, env)
     fails += run_fifo_data_file(qcowkit, work, env)
     fails += run_bitmap_names_l1(qcowkit, work, env)

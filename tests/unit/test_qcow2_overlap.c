@@ -5,9 +5,12 @@
  * against the live tables), and one added without telling is found once
  * the list is rebuilt after a few thousand checks. A write of guest data
  * onto a table fails with -EIO, later data writes fail too, and the image
- * is marked corrupt when it closes; the table keeps its bytes. */
+ * is marked corrupt when it closes; the table keeps its bytes. Snapshots'
+ * L1 tables named past the end of the file are protected too, as merged
+ * ranges, except for ones no tool would read (unaligned). */
 #include "qcow2_test_util.h"
 #include "qcow2/qcow2_int.h"
+#include "qcow2/snapshot_int.h"
 
 #define CS 65536ULL
 
@@ -62,6 +65,26 @@ int main(void)
     s->l1[0] = saved;
     qcow2_meta_changed(s);
     QK_CHECK_EQ(qcow2_meta_overlap(s, data, CS, 0), 0);
+
+    /* Snapshots' L1 tables past the end of the file, two of them touching. */
+    Qcow2Snapshot far[4] = {
+        {.l1_offset = 1ULL << 30, .l1_size = 1, .l1_bad = true},
+        {.l1_offset = (1ULL << 30) + CS, .l1_size = CS / 8 + 1, .l1_bad = true}, /* two clusters */
+        {.l1_offset = 2ULL << 30, .l1_size = 1, .l1_bad = true},
+        {.l1_offset = (3ULL << 30) + 512, .l1_size = 1, .l1_bad = true},       /* unaligned */
+    };
+    qcow2_meta_set_snapshots(s, far, 4, 0, 0);
+    QK_CHECK_EQ(s->snap_far_n, 2u);
+    QK_CHECK_EQ(qcow2_meta_overlap(s, (1ULL << 30) - CS, CS, 0), 0);
+    QK_CHECK_EQ(qcow2_meta_overlap(s, (1ULL << 30) - CS, CS + 1, 0), QCOW2_OL_INACTIVE_L1);
+    QK_CHECK_EQ(qcow2_meta_overlap(s, (1ULL << 30) + 2 * CS + 100, 8, 0), QCOW2_OL_INACTIVE_L1);
+    QK_CHECK_EQ(qcow2_meta_overlap(s, (1ULL << 30) + 3 * CS, CS, 0), 0);
+    QK_CHECK_EQ(qcow2_meta_overlap(s, (2ULL << 30) - 4096, 8192, 0), QCOW2_OL_INACTIVE_L1);
+    QK_CHECK_EQ(qcow2_meta_overlap(s, 2ULL << 30, CS, QCOW2_OL_INACTIVE_L1), 0);
+    QK_CHECK_EQ(qcow2_meta_overlap(s, 3ULL << 30, CS, 0), 0);
+    QK_CHECK_EQ(qcow2_meta_overlap(s, data, CS, 0), 0);
+    qcow2_meta_set_snapshots(s, NULL, 0, 0, 0);
+    QK_CHECK_EQ(qcow2_meta_overlap(s, 2ULL << 30, CS, 0), 0);
 
     /* A guest write whose cluster is (made to look like) a table. */
     unsigned long long l1_sector = s->l1_offset / 512;
