@@ -387,6 +387,23 @@ static int check_writable(Qcow2State *s, QkError *err)
     return 0;
 }
 
+/* The active L1 table and the L2 tables drop_copied_active() writes back
+ * must not lie on other live metadata (only a corrupt header or L1 entry
+ * puts them there): the overlap check would refuse those writes half way,
+ * after some flags were cleared for good and before the refcounts rose.
+ * Refused here, before anything changes. */
+static int active_tree_writable(Qcow2State *s)
+{
+    int r = qcow2_check_table_write(s, s->l1_offset, (uint64_t)s->l1_size * 8, QCOW2_OL_L1);
+    for (uint64_t i = 0; i < s->l1_size && r == 0; i++) {
+        uint64_t l2off = s->l1[i] & QCOW2_L1E_OFFSET_MASK;
+        if (l2off && (s->l1[i] & QCOW2_OFLAG_COPIED)) {
+            r = qcow2_check_table_write(s, l2off, s->cluster_size, QCOW2_OL_L2);
+        }
+    }
+    return r;
+}
+
 static int coroutine_fn create_locked(Qcow2State *s, const QkSnapshotInfo *info, QkError *err)
 {
     Qcow2Snapshot *tab;
@@ -445,6 +462,9 @@ static int coroutine_fn create_locked(Qcow2State *s, const QkSnapshotInfo *info,
      * changes. A walk that stopped half way would leave COPIED flags
      * cleared on clusters still counted once. */
     r = qcow2_walk_l1(s, s->l1, s->l1_size, 0, false, NULL);
+    if (r == 0) {
+        r = active_tree_writable(s);
+    }
     if (r < 0) {
         qk_error_set_errno(err, r, "Could not update the refcounts");
         goto out;

@@ -488,6 +488,39 @@ def run_snapshot_create_bad_tree(qcowkit, work, env):
                                                                      q.returncode, q.stdout.strip()))
     return fails
 
+# snapshot -c on an image whose active L1 entry names the refcount block
+# as its (COPIED) L2 table: the flag pass would write the refcount block
+# back as an L2 table, which the overlap check refuses. That refusal used
+# to come half way (flags cleared, the image worse than before); now the
+# active tree is checked first: exit 1, only the corrupt bit set, and
+# qemu-img check counts what it counted before (qemu-img itself goes from
+# 2 errors to 36 here).
+def run_snapshot_create_tree_on_metadata(qcowkit, work, env):
+    path = os.path.join(work, "sncm.qcow2")
+    sh(["rm", "-f", path])
+    sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "cluster_size=512,refcount_bits=64", path, "1M"])
+    sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x11 0 40k", "-c", "write -P 0x33 600k 8k", path])
+    img = bytearray(open(path, "rb").read())
+    l1 = struct.unpack_from(">Q", img, 40)[0]
+    rb = struct.unpack_from(">Q", img, struct.unpack_from(">Q", img, 48)[0])[0]
+    be("Q", img, l1, (1 << 63) | rb)
+    open(path, "wb").write(img)
+    before = sh(["qemu-img", "check", path]).stdout
+    k = subprocess.run([qcowkit, "snapshot", "-c", "x", path], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    after = sh(["qemu-img", "check", path]).stdout
+    marked = bytearray(img)
+    marked[79] |= 2
+    count = lambda out: [l for l in out.splitlines() if "errors were found" in l]
+    ok = (k.returncode == 1 and open(path, "rb").read() == bytes(marked) and count(before) == count(after) and
+          len(count(before)) == 1 and "overlaps with refcount block" in k.stdout and "Sanitizer" not in k.stdout)
+    print("%s snapshot -c with the active L1 naming a refcount block: refused before any change" %
+          ("ok  " if ok else "FAIL"))
+    if not ok:
+        print("     exit %d: %s\n     before %s, after %s" % (k.returncode, k.stdout.strip(), count(before),
+                                                              count(after)))
+    return 0 if ok else 1
+
 # An image whose external data file is a FIFO: opening it used to wait for
 # a writer forever, in every command. info describes the image (as
 # qemu-img does); commands that need the data fail at once.
@@ -1023,6 +1056,7 @@ def main():
     fails += run_snapshot_l1_past_eof(qcowkit, work, env)
     fails += run_write_over_far_snapshot_l1(qcowkit, work, env)
     fails += run_snapshot_create_bad_tree(qcowkit, work, env)
+    fails += run_snapshot_create_tree_on_metadata(qcowkit, work, env)
     fails += run_fifo_data_file(qcowkit, work, env)
     fails += run_bitmap_names_l1(qcowkit, work, env)
     fails += run_compressed_subcluster_bits(qcowkit, work, env)
