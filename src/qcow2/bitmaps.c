@@ -98,10 +98,21 @@ static bool get_bytes(const QkDirtyBitmap *bm, uint64_t first, uint8_t *buf, uin
     uint64_t b = qk_hbitmap_next_set(bm->bits, first);
     bool any = false;
     while (b != UINT64_MAX && b < end) {
-        uint64_t z = qk_hbitmap_next_zero(bm->bits, b);
-        uint64_t stop = z == UINT64_MAX ? end : QK_MIN(z, end);
-        for (uint64_t x = b; x < stop; x++) {
-            buf[(x - first) / 8] |= (uint8_t)(1u << ((x - first) % 8));
+        /* Bounded by the window: each of a table's clusters is filled in
+         * turn, and an unbounded search through a fully dirty bitmap
+         * made storing it quadratic. */
+        uint64_t z = qk_hbitmap_next_zero_before(bm->bits, b, end);
+        uint64_t stop = z == UINT64_MAX ? end : z;
+        uint64_t x = b - first, e = stop - first;
+        for (; x < e && x % 8; x++) {
+            buf[x / 8] |= (uint8_t)(1u << (x % 8));
+        }
+        if (e - x >= 8) {
+            memset(buf + x / 8, 0xff, (e - x) / 8);
+            x += (e - x) / 8 * 8;
+        }
+        for (; x < e; x++) {
+            buf[x / 8] |= (uint8_t)(1u << (x % 8));
         }
         any = true;
         b = stop < end ? qk_hbitmap_next_set(bm->bits, stop) : UINT64_MAX;

@@ -139,18 +139,24 @@ uint64_t qk_hbitmap_next_set(const QkHBitmap *hb, uint64_t from)
     return find_set(hb, 0, from);
 }
 
-uint64_t qk_hbitmap_next_zero(const QkHBitmap *hb, uint64_t from)
+uint64_t qk_hbitmap_next_zero_before(const QkHBitmap *hb, uint64_t from, uint64_t end)
 {
-    for (uint64_t pos = from; pos < hb->nbits;) {
+    end = end < hb->nbits ? end : hb->nbits;
+    for (uint64_t pos = from; pos < end;) {
         uint64_t w = pos / 64;
         uint64_t word = ~hb->lv[0][w] & (~0ULL << (pos % 64));
         if (word) {
             uint64_t bit = w * 64 + (uint64_t)__builtin_ctzll(word);
-            return bit < hb->nbits ? bit : UINT64_MAX;
+            return bit < end ? bit : UINT64_MAX;
         }
         pos = (w + 1) * 64;
     }
     return UINT64_MAX;
+}
+
+uint64_t qk_hbitmap_next_zero(const QkHBitmap *hb, uint64_t from)
+{
+    return qk_hbitmap_next_zero_before(hb, from, hb->nbits);
 }
 
 bool qk_hbitmap_merge(QkHBitmap *dst, const QkHBitmap *src)

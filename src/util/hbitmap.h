@@ -39,6 +39,9 @@ uint64_t qk_hbitmap_count(const QkHBitmap *hb);
 uint64_t qk_hbitmap_next_set(const QkHBitmap *hb, uint64_t from);
 /* First clear bit >= from, or UINT64_MAX when none. */
 uint64_t qk_hbitmap_next_zero(const QkHBitmap *hb, uint64_t from);
+/* The same within [from, end): a caller filling a window stops at its
+ * end instead of scanning the set bits beyond it. */
+uint64_t qk_hbitmap_next_zero_before(const QkHBitmap *hb, uint64_t from, uint64_t end);
 /* dst |= src; both must have the same size. Returns false otherwise. */
 bool qk_hbitmap_merge(QkHBitmap *dst, const QkHBitmap *src);
 

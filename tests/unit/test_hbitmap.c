@@ -38,9 +38,14 @@ int main(void)
             }
             uint64_t from = (uint64_t)rand() % n;
             uint64_t e1 = model_next(m, n, from, 1), e0 = model_next(m, n, from, 0);
-            if (qk_hbitmap_next_set(hb, from) != e1 || qk_hbitmap_next_zero(hb, from) != e0) {
+            /* The bounded search: the same answer inside its window, none past it. */
+            uint64_t end = from + (uint64_t)rand() % 300;
+            uint64_t eb = e0 != UINT64_MAX && e0 < end ? e0 : UINT64_MAX;
+            if (qk_hbitmap_next_set(hb, from) != e1 || qk_hbitmap_next_zero(hb, from) != e0 ||
+                qk_hbitmap_next_zero_before(hb, from, end) != eb) {
                 QK_CHECK_EQ(qk_hbitmap_next_set(hb, from), e1);
                 QK_CHECK_EQ(qk_hbitmap_next_zero(hb, from), e0);
+                QK_CHECK_EQ(qk_hbitmap_next_zero_before(hb, from, end), eb);
                 break;
             }
         }
@@ -80,6 +85,12 @@ int main(void)
     qk_hbitmap_set(big, (1ULL << 32) - 5, 3);
     QK_CHECK_EQ(qk_hbitmap_next_set(big, 0), (1ULL << 32) - 5);
     QK_CHECK_EQ(qk_hbitmap_count(big), 3);
+    /* Fully set: a bounded search for a zero stops at its window. */
+    qk_hbitmap_set(big, 0, 1ULL << 32);
+    QK_CHECK_EQ(qk_hbitmap_next_zero_before(big, 1000, 5000), UINT64_MAX);
+    qk_hbitmap_reset(big, 4999, 1);
+    QK_CHECK_EQ(qk_hbitmap_next_zero_before(big, 1000, 5000), 4999);
+    QK_CHECK_EQ(qk_hbitmap_next_zero_before(big, 1000, 4999), UINT64_MAX);
     qk_hbitmap_free(big);
     QK_TEST_DONE();
 }
