@@ -22,6 +22,7 @@
 #include "block/debug.h"
 #include "qcow2/qcow2_int.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -357,6 +358,8 @@ static int coroutine_fn get(Qcow2Cache *c, uint64_t offset, void **table, bool r
         if (read && !table_in_file(c, offset)) {
             /* A table past the end of the file would read as zeros: refcount
              * blocks would call live clusters free, L2 tables would hide data. */
+            qcow2_note_corruption(c->s, "%s at %#" PRIx64 " extends past the end of the file",
+                                  c == c->s->rb_cache ? "Refcount block" : "L2 table", offset);
             return -QK_ECORRUPT;
         }
         Entry *e = &c->e[i];

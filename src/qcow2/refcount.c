@@ -55,6 +55,16 @@ static uint64_t rb_mask(const Qcow2State *s)
     return (1ULL << s->rb_bits) - 1;
 }
 
+/* A refcount to lower that is already 0 (or that no refcount block
+ * holds): said once, in words naming the cluster, so that a command
+ * failing on it does not end in a bare "Structure needs cleaning". */
+static int no_count_to_lower(Qcow2State *s, uint64_t cluster)
+{
+    qcow2_note_corruption(s, "Cannot free cluster %#" PRIx64 ": its refcount is already 0",
+                          cluster << s->cluster_bits);
+    return -QK_ECORRUPT;
+}
+
 /* Loads the refcount block at offset, checking it is sane first. */
 static int coroutine_fn get_block(Qcow2State *s, uint64_t ti, void **block)
 {
@@ -494,7 +504,7 @@ int coroutine_fn qcow2_update_refcount(Qcow2State *s, uint64_t off, uint64_t len
             }
             if (ti >= s->rt_size) {
                 if (addend < 0) {
-                    r = -QK_ECORRUPT;
+                    r = no_count_to_lower(s, c);
                     break;
                 }
                 r = grow_table(s, ti);
@@ -504,7 +514,7 @@ int coroutine_fn qcow2_update_refcount(Qcow2State *s, uint64_t off, uint64_t len
             }
             if (!(s->rt[ti] & QCOW2_REFT_OFFSET_MASK)) {
                 if (addend < 0) {
-                    r = -QK_ECORRUPT;
+                    r = no_count_to_lower(s, c);
                     break;
                 }
                 r = alloc_block(s, ti);
@@ -527,7 +537,7 @@ int coroutine_fn qcow2_update_refcount(Qcow2State *s, uint64_t off, uint64_t len
         uint64_t v = qcow2_rb_get(s, b, i);
         uint64_t nv;
         if (addend < 0 && (uint64_t)-addend > v) {
-            r = -QK_ECORRUPT; /* the image's refcounts cannot be right */
+            r = no_count_to_lower(s, c); /* the image's refcounts cannot be right */
             break;
         }
         if (addend > 0 && (s->refcount_max - v) < (uint64_t)addend) {
