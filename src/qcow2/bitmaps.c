@@ -252,9 +252,22 @@ int coroutine_fn qcow2_bitmap_begin_change(QkBlock *bs, QkDirtyBitmap *bm, QkErr
     return 0;
 }
 
-int coroutine_fn qcow2_bitmaps_begin_resize(Qcow2State *s, QkError *err)
+int coroutine_fn qcow2_bitmaps_begin_resize(Qcow2State *s, uint64_t new_size, QkError *err)
 {
     Qcow2BmDir *d = &s->bm_disk;
+    if (new_size == 0) {
+        bool any = d->n > 0;
+        for (QkDirtyBitmap *bm = s->bs->dirty_bitmaps; bm && !any; bm = bm->next) {
+            any = bm->persistent;
+        }
+        if (any) {
+            /* A stored bitmap's table has at least one entry, and one for
+             * an empty disk would have none: qemu-img would refuse the
+             * image, or lose the bitmaps at close. */
+            return qk_error_set(err, -ENOTSUP, "Cannot make the disk empty: it has persistent bitmaps, which "
+                                "cannot describe an empty disk (remove them first)");
+        }
+    }
     if (!s->bm_live || !s->bm_disk_flags) {
         return 0;
     }
@@ -309,6 +322,9 @@ int qcow2_bitmap_can_store(QkBlock *bs, const char *name, uint64_t granularity, 
         why = "Granularity must be a power of two from 512 bytes to 2 GiB";
     } else if (data_bytes(bs->size, (unsigned)__builtin_ctzll(granularity)) > BME_MAX_DATA) {
         why = "Too large bitmap: its data would exceed 512 MiB";
+    } else if (bs->size == 0) {
+        /* Its table would have no entry, which the format does not allow. */
+        why = "the disk is empty (size 0)";
     }
     if (why) {
         return qk_error_set(err, -ENOTSUP, "Can't make bitmap '%s' persistent in '%s': %s", name, bs->filename, why);

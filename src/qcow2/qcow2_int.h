@@ -380,10 +380,12 @@ void qcow2_bitmap_dir_layout(const Qcow2BmEntry *e, uint32_t n, uint8_t *buf);
 int coroutine_fn qcow2_bitmaps_open(QkBlock *bs, QkError *err);
 int coroutine_fn qcow2_bitmaps_store(QkBlock *bs, QkError *err);
 int qcow2_bitmap_can_store(QkBlock *bs, const char *name, uint64_t granularity, QkError *err);
-/* Before the virtual size changes: refuses when a stored bitmap is in use
- * (out of date), else marks every stored one in use, durably, until the
- * store at close writes it at the new size. */
-int coroutine_fn qcow2_bitmaps_begin_resize(Qcow2State *s, QkError *err);
+/* Before the virtual size changes to new_size: refuses when a stored
+ * bitmap is in use (out of date), or when the new size is 0 and the image
+ * has persistent bitmaps (none can describe an empty disk); else marks
+ * every stored one in use, durably, until the store at close writes it at
+ * the new size. */
+int coroutine_fn qcow2_bitmaps_begin_resize(Qcow2State *s, uint64_t new_size, QkError *err);
 /* Before a stored bitmap starts to differ from its copy on disk (enabled,
  * cleared, merged into while the image is open): marks it in use there. */
 int coroutine_fn qcow2_bitmap_begin_change(QkBlock *bs, struct QkDirtyBitmap *bm, QkError *err);

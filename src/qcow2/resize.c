@@ -241,7 +241,7 @@ int coroutine_fn qcow2_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc preall
         return qk_error_set(err, -EINVAL, "Preallocation can't be used for shrinking an image");
     }
     if (size < old) {
-        int r = qcow2_bitmaps_begin_resize(s, err);
+        int r = qcow2_bitmaps_begin_resize(s, size, err);
         if (r == 0) {
             r = shrink(s, size, err);
         }
@@ -261,7 +261,7 @@ int coroutine_fn qcow2_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc preall
         return qk_error_set(err, -ENOTSUP, "Cannot grow an image whose backing file is not open");
     }
     if (size != old) {
-        int r = qcow2_bitmaps_begin_resize(s, err);
+        int r = qcow2_bitmaps_begin_resize(s, size, err);
         if (r < 0) {
             return r;
         }

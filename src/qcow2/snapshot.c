@@ -569,6 +569,16 @@ static int coroutine_fn goto_locked(Qcow2State *s, const Qcow2Snapshot *sn, QkEr
         free(nl1);
         return qk_error_corrupt(err, "Failed to load snapshot: its tables overlap the image's metadata");
     }
+    /* A snapshot of another size resizes the disk: the stored bitmaps are
+     * marked in use first, as for a resize, or a crash after the header
+     * write would leave them claiming to be saved at the old size. */
+    if (sn->disk_size != s->h.size) {
+        r = qcow2_bitmaps_begin_resize(s, sn->disk_size, err);
+        if (r < 0) {
+            free(nl1);
+            return r;
+        }
+    }
     /* The snapshot's tree gains the active reference first... */
     r = qcow2_walk_l1(s, nl1, sn->l1_size, 1, false, NULL);
     for (uint64_t i = 0; i < new_size; i++) {

@@ -339,4 +339,25 @@ qemu-img check -q rs.qcow2 || bad "snapshot -a big: check"
 m=$(bmap rs.qcow2 gb)
 [ "$(echo "$m" | awk '$4 == "dirty" {n += $2} END {print n}')" = 67108864 ] ||
   { bad "snapshot -a big: the bitmap is not dirty over the whole 64 MiB"; echo "$m"; }
+
+# An empty disk (size 0) cannot hold a persistent bitmap: its table would
+# have no entry, which qemu-img refuses to open ("doesn't satisfy the
+# constraints"). Adding one is refused (the file stays as it was), and
+# so is applying a snapshot of size 0 to a disk that has one (the disk
+# keeps its size and its bitmap, and checks clean).
+qemu-img create -q -f qcow2 z0.qcow2 0
+cp z0.qcow2 z0.before
+out=$("$QK" bitmap --add z0.qcow2 b 2>&1) && bad "bitmap --add on an empty disk succeeded"
+echo "$out" | grep -q "the disk is empty (size 0)" || { bad "bitmap --add on an empty disk: message"; echo "$out"; }
+cmp -s z0.qcow2 z0.before || bad "bitmap --add on an empty disk changed the image"
+qemu-img snapshot -c empty z0.qcow2
+qemu-img resize -q z0.qcow2 16M
+qemu-img bitmap --add z0.qcow2 b
+out=$("$QK" snapshot -a empty z0.qcow2 2>&1) && bad "snapshot -a to an empty disk with a bitmap succeeded"
+echo "$out" | grep -q "persistent bitmaps, which cannot describe an empty disk" ||
+  { bad "snapshot -a to an empty disk: message"; echo "$out"; }
+qemu-img check -q z0.qcow2 || bad "snapshot -a to an empty disk: check"
+info=$(qemu-img info --output=json z0.qcow2)
+echo "$info" | grep -q '"virtual-size": 16777216' || bad "snapshot -a to an empty disk: the size changed"
+echo "$info" | grep -q '"name": "b"' || bad "snapshot -a to an empty disk: the bitmap is gone"
 exit $fail
