@@ -235,6 +235,13 @@ int coroutine_fn qcow2_get_extent_for_write(Qcow2State *s, uint64_t off, uint64_
 
 int coroutine_fn qcow2_write_l1_entry(Qcow2State *s, uint64_t i)
 {
+    /* The active L1 table may be named as something else too (a
+     * snapshot's L1 table, by a corrupt snapshot table): that one must
+     * not change with it. */
+    int r = qcow2_check_table_write(s, s->l1_offset + i * 8, 8, QCOW2_OL_L1);
+    if (r < 0) {
+        return r;
+    }
     uint8_t b[8];
     qk_be64_put(b, s->l1[i]);
     return qk_co_pwrite(s->bs->file, s->l1_offset + i * 8, 8, b, QK_REQ_KIND(QK_IO_L1));

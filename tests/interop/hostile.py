@@ -455,6 +455,52 @@ def run_write_over_far_snapshot_l1(qcowkit, work, env):
         print("     qcowkit %r\n     qemu-io %r" % (k, q))
     return 0 if ok else 1
 
+# An update of an active L1 entry lands where the active L1 table is also
+# something else: a snapshot's L1 table (the snapshot table names the
+# active one), or an "L2 table" (an L1 entry names the L1 table itself).
+# The entry was written without the overlap check, so the snapshot's
+# content changed, or guest bytes outside the write did. Now refused as
+# qemu-io refuses it: the write fails, the image is marked corrupt, and
+# neither the snapshot nor the disk changes.
+def run_l1_entry_over_other_metadata(qcowkit, work, env):
+    fails = 0
+    for what in ("a snapshot's L1 table", "an L2 table"):
+        path = os.path.join(work, "l1x.qcow2")
+        sh(["rm", "-f", path])
+        if what.endswith("L1 table"):
+            snapshot_image(path, "1G", "write -P 0xa1 0 300k", "write -P 0xa2 100k 100k")
+            img = bytearray(open(path, "rb").read())
+            be("Q", img, struct.unpack_from(">Q", img, 64)[0], struct.unpack_from(">Q", img, 40)[0])
+            view = ["-l", "s1"]
+            at = "600M"  # no L2 table there yet: the write sets L1[1]
+        else:
+            sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "cluster_size=512", path, "1M"])
+            sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x31 0 40k", path])
+            img = bytearray(open(path, "rb").read())
+            l1 = struct.unpack_from(">Q", img, 40)[0]
+            be("Q", img, l1, (1 << 63) | l1)
+            view = []
+            at = "64k"  # past the first L2 tables: new ones, and their L1 entries
+        res = {}
+        for tool in ("qemu-io", qcowkit):
+            p2 = os.path.join(work, "l1x-%d.qcow2" % len(res))
+            with open(p2, "wb") as f:
+                f.write(img)
+            sh(["qemu-img", "convert", "-O", "raw"] + view + [p2, p2 + ".before"])
+            args = [tool] + (["-f", "qcow2"] if tool == "qemu-io" else ["io"]) + ["-c", "write -P 0xee %s 68k" % at, p2]
+            p = subprocess.run(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            sh(["qemu-img", "convert", "-U", "-O", "raw"] + view + [p2, p2 + ".after"])
+            same = open(p2 + ".before", "rb").read() == open(p2 + ".after", "rb").read()
+            corrupt = bool(struct.unpack_from(">Q", open(p2, "rb").read(72 + 8), 72)[0] & 2)
+            res[tool] = (p.returncode, same, corrupt, p.stdout)
+        q, k = res["qemu-io"], res[qcowkit]
+        ok = q[:3] == (1, True, True) and k[:3] == q[:3] and "Sanitizer" not in k[3] and "runtime error" not in k[3]
+        print("%s an L1 entry update where the active L1 table is also %s: refused" % ("ok  " if ok else "FAIL", what))
+        if not ok:
+            fails += 1
+            print("     qcowkit %r\n     qemu-io %r" % (k, q))
+    return fails
+
 # snapshot -c on an image whose active tree names a cluster (or an L2
 # table) at an offset inside a cluster: refused before anything changes,
 # with QEMU's "Marking image as corrupt" line and its corrupt bit (the
@@ -1098,6 +1144,7 @@ def main():
     fails += run_bad_snapshot_apply(qcowkit, work, env)
     fails += run_snapshot_l1_past_eof(qcowkit, work, env)
     fails += run_write_over_far_snapshot_l1(qcowkit, work, env)
+    fails += run_l1_entry_over_other_metadata(qcowkit, work, env)
     fails += run_snapshot_create_bad_tree(qcowkit, work, env)
     fails += run_snapshot_create_tree_on_metadata(qcowkit, work, env)
     fails += run_fifo_data_file(qcowkit, work, env)
