@@ -540,9 +540,11 @@ int coroutine_fn qcow2_update_refcount(Qcow2State *s, uint64_t off, uint64_t len
             r = no_count_to_lower(s, c); /* the image's refcounts cannot be right */
             break;
         }
-        if (addend > 0 && (s->refcount_max - v) < (uint64_t)addend) {
+        if (addend > 0 && (v > s->refcount_max || (s->refcount_max - v) < (uint64_t)addend)) {
             /* Not damage: the width cannot count this far (a snapshot of
-             * a refcount_bits=1 image, say). */
+             * a refcount_bits=1 image, say). A stored 64-bit count above
+             * the limit (2^63 - 1) is damage, and adding to it would
+             * wrap it to 0: the cluster would be handed out again. */
             r = -ERANGE;
             break;
         }

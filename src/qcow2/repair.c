@@ -145,10 +145,17 @@ static int coroutine_fn fix_in_place(Check *k, int fix)
                        (unsigned long long)c, (unsigned long long)ref, s->refcount_bits);
                 continue;
             }
-            int64_t delta = leak ? -(int64_t)(rc - ref) : (int64_t)(ref - rc);
-            int r = qcow2_update_refcount(s, c << s->cluster_bits, s->cluster_size, delta);
-            if (r < 0) {
-                return r;
+            /* A damaged 64-bit count can be further above the reference
+             * count than one signed step can say: lowered in steps. */
+            uint64_t diff = leak ? rc - ref : ref - rc;
+            while (diff) {
+                uint64_t step = QK_MIN(diff, (uint64_t)INT64_MAX);
+                int r = qcow2_update_refcount(s, c << s->cluster_bits, s->cluster_size,
+                                              leak ? -(int64_t)step : (int64_t)step);
+                if (r < 0) {
+                    return r;
+                }
+                diff -= step;
             }
             ck_say(k, "Repairing cluster %llu refcount=%llu reference=%llu", (unsigned long long)c,
                    (unsigned long long)rc, (unsigned long long)ref);

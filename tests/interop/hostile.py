@@ -345,6 +345,15 @@ def snapshot_image(path, size, before, after):
     sh(["qemu-img", "snapshot", "-c", "s1", path])
     sh(["qemu-io", "-f", "qcow2", "-c", after, path])
 
+def small_snapshot_image(path):
+    """A fresh 1 MiB image, 512-byte clusters and 64-bit refcounts: data,
+    snapshot s0, then a write over part of it (s0 and the disk share the rest)."""
+    sh(["rm", "-f", path])
+    sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "cluster_size=512,refcount_bits=64", path, "1M"])
+    sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x31 0 40k", "-c", "write -P 0x32 600k 8k", path])
+    sh(["qemu-img", "snapshot", "-c", "s0", path])
+    sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x33 4k 4k", path])
+
 # snapshot -a of a snapshot whose L1 table is the refcount table, or whose
 # L1 names the refcount table as an L2 table: refused before anything changes (the
 # file stays byte for byte as it was), as qemu-img refuses; applying it
@@ -453,6 +462,42 @@ def run_write_over_far_snapshot_l1(qcowkit, work, env):
     print("%s a write growing the file over snapshots' L1 tables named past its end" % ("ok  " if ok else "FAIL"))
     if not ok:
         print("     qcowkit %r\n     qemu-io %r" % (k, q))
+    return 0 if ok else 1
+
+# A 64-bit refcount stored above the format's limit (2^63 - 1; here
+# 2^64 - 1, which qemu-img check counts as a leak): snapshot -c added 1
+# to it, which wrapped it to 0, so the cluster was handed out again and
+# the disk's data changed while the command exited 0. Now refused, as
+# qemu-img refuses it, with the disk as it was; and check -r all repairs
+# it with qemu-img's report (its delta once fitted a signed step only by
+# wrapping around).
+def run_refcount_above_limit(qcowkit, work, env):
+    path = os.path.join(work, "rcmax.qcow2")
+    small_snapshot_image(path)
+    img = bytearray(open(path, "rb").read())
+    rb = struct.unpack_from(">Q", img, struct.unpack_from(">Q", img, 48)[0])[0]
+    be("Q", img, rb + 8 * 8, (1 << 64) - 1)  # cluster 8: data the snapshot shares
+    open(path, "wb").write(img)
+    sh(["qemu-img", "convert", "-O", "raw", path, path + ".before"])
+    p = subprocess.run([qcowkit, "snapshot", "-c", "new", path], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    sh(["qemu-img", "convert", "-O", "raw", path, path + ".after"])
+    same = open(path + ".before", "rb").read() == open(path + ".after", "rb").read()
+    chk = sh(["qemu-img", "check", path]).returncode
+    reports = []
+    for tool in ("qemu-img", qcowkit):
+        c = path + "." + os.path.basename(tool)
+        with open(c, "wb") as f:
+            f.write(img)
+        r = subprocess.run([tool, "check", "-r", "all", c], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+        reports.append((r.returncode, [l for l in r.stdout.splitlines() if "Image end offset" not in l]))
+    ok = (p.returncode == 1 and same and chk == 3 and reports[0] == reports[1] and reports[0][0] == 0 and
+          "Sanitizer" not in p.stdout and "runtime error" not in p.stdout)
+    print("%s a 64-bit refcount above the limit: snapshot -c refused, check -r all as qemu-img" % ("ok  " if ok else "FAIL"))
+    if not ok:
+        print("     exit %d, data %s, check %d\n     %s\n     qemu-img %r\n     qcowkit  %r" %
+              (p.returncode, "same" if same else "CHANGED", chk, p.stdout.strip(), reports[0], reports[1]))
     return 0 if ok else 1
 
 # An update of an active L1 entry lands where the active L1 table is also
@@ -1025,11 +1070,7 @@ def run_commit_l1_as_l2(qcowkit, work, env):
 # OFLAG_COPIED errors), as with qemu-img; the disk reads the same.
 def run_snapshot_delete_cut_table(qcowkit, work, env):
     img = os.path.join(work, "sncut.qcow2")
-    sh(["rm", "-f", img])
-    sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "cluster_size=512,refcount_bits=64", img, "1M"])
-    sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x31 0 40k", "-c", "write -P 0x32 600k 8k", img])
-    sh(["qemu-img", "snapshot", "-c", "s0", img])
-    sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x33 4k 4k", img])
+    small_snapshot_image(img)
     os.truncate(img, 54273)
     before = sh(["qemu-img", "check", img]).returncode
     sh(["qemu-img", "convert", "-O", "raw", img, img + ".before.raw"])
@@ -1145,6 +1186,7 @@ def main():
     fails += run_snapshot_l1_past_eof(qcowkit, work, env)
     fails += run_write_over_far_snapshot_l1(qcowkit, work, env)
     fails += run_l1_entry_over_other_metadata(qcowkit, work, env)
+    fails += run_refcount_above_limit(qcowkit, work, env)
     fails += run_snapshot_create_bad_tree(qcowkit, work, env)
     fails += run_snapshot_create_tree_on_metadata(qcowkit, work, env)
     fails += run_fifo_data_file(qcowkit, work, env)
