@@ -720,6 +720,16 @@ int coroutine_fn qcow2_co_snapshot_delete(QkBlock *bs, const char *id, const cha
     if (r == 0 && i < 0) {
         r = qk_error_set(err, -ENOENT, "snapshot not found");
     }
+    /* OFLAG_COPIED in the active tree follows the refcounts the deletion
+     * lowers: an active table that cannot be read (or names a cluster
+     * where none starts) could not take its flags, and would be left with
+     * entries counted once but not marked so. Refused before any change. */
+    if (r == 0) {
+        r = qcow2_walk_l1(s, s->l1, s->l1_size, 0, false, NULL);
+        if (r < 0) {
+            qk_error_set_errno(err, r, "Could not read the image's active tables");
+        }
+    }
     if (r < 0) {
         qcow2_snapshots_free(tab, n);
         end(s);

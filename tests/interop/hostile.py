@@ -1088,6 +1088,25 @@ def run_snapshot_delete_cut_table(qcowkit, work, env):
                                                           (p.stdout + chk.stdout + rd.stdout).strip()[:1500]))
     return 0 if ok else 1
 
+# snapshot -d where the file ends inside an active L2 table: the flags of
+# that table could not follow the lowered refcounts (it ended with 24
+# OFLAG_COPIED errors more than it had). Now refused before any change,
+# the table named.
+def run_snapshot_delete_active_table_cut(qcowkit, work, env):
+    img = os.path.join(work, "sncut2.qcow2")
+    small_snapshot_image(img)
+    os.truncate(img, 54528)
+    before = open(img, "rb").read()
+    p = subprocess.run([qcowkit, "snapshot", "-d", "s0", img], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    ok = (p.returncode == 1 and open(img, "rb").read() == before and "extends past the end of the file" in p.stdout
+          and "Sanitizer" not in p.stdout and "runtime error" not in p.stdout)
+    print("%s snapshot -d with an active L2 table cut short: refused, the image unchanged" % ("ok  " if ok else "FAIL"))
+    if not ok:
+        print("     exit %d, image %s\n     %s" % (p.returncode, "unchanged" if open(img, "rb").read() == before
+                                                    else "CHANGED", p.stdout.strip()[-800:]))
+    return 0 if ok else 1
+
 # A backing chain at the depth limit (128 images, data in the bottom one
 # and one in the middle) reads and maps through the ASan build: each
 # layer's open used to keep a 3 KiB error on the coroutine's stack, which
@@ -1202,6 +1221,7 @@ def main():
     fails += run_shrink_bad_refcounts(qcowkit, work, env)
     fails += run_commit_l1_as_l2(qcowkit, work, env)
     fails += run_snapshot_delete_cut_table(qcowkit, work, env)
+    fails += run_snapshot_delete_active_table_cut(qcowkit, work, env)
     ncomp, cfails = run_compressed(qcowkit, work, env)
     fails += cfails
     nbm, bfails = run_bitmap_dir_damage(qcowkit, work, env)
