@@ -308,6 +308,28 @@ unsigned qcow2_meta_overlap(Qcow2State *s, uint64_t off, uint64_t len, unsigned 
     return e.hit;
 }
 
+int coroutine_fn qcow2_meta_floor(Qcow2State *s, uint64_t *end)
+{
+    rebuild(s);
+    if (!s->meta_list) {
+        return -ENOMEM;
+    }
+    uint64_t last = 0;
+    for (size_t i = 0; i < s->meta_n; i++) {
+        uint64_t c = s->meta_list[i].c, rc;
+        int r = qcow2_get_refcount(s, c, &rc);
+        if (r < 0) {
+            return r;
+        }
+        if (rc == 0) {
+            return -QK_ECORRUPT;
+        }
+        last = QK_MAX(last, c);
+    }
+    *end = (last + 1) << s->cluster_bits;
+    return 0;
+}
+
 /* what: "write on" or "free of", for the message QEMU's words give. */
 static int refuse(Qcow2State *s, unsigned hit, const char *what)
 {

@@ -292,6 +292,10 @@ enum {
 /* The kind of live metadata (other than IGNORE's) in [off, off+len) of
  * the image file, or 0. */
 unsigned qcow2_meta_overlap(Qcow2State *s, uint64_t off, uint64_t len, unsigned ignore);
+/* The end of the last cluster of live metadata, in *end; -QK_ECORRUPT
+ * when one of them has refcount 0 (the refcounts are wrong, and so is
+ * anything they say about which clusters are free). */
+int coroutine_fn qcow2_meta_floor(Qcow2State *s, uint64_t *end);
 /* 0, or -EIO for a write of guest data over metadata (or any after one):
  * the image is then to be marked corrupt. */
 int qcow2_check_data_write(Qcow2State *s, uint64_t off, uint64_t len);

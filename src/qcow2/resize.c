@@ -89,10 +89,18 @@ static int coroutine_fn trim_file(Qcow2State *s)
         }
         c--;
     }
-    uint64_t end = c << s->cluster_bits;
-    /* Never below the tables the header names, whatever the refcounts say. */
-    end = QK_MAX(end, qk_align_up(s->l1_offset + (uint64_t)s->l1_size * 8, s->cluster_size));
-    end = QK_MAX(end, s->rt_offset + ((uint64_t)s->rt_clusters << s->cluster_bits));
+    /* Never below live metadata, whatever the refcounts say; and not at
+     * all when one of its clusters counts 0: the refcounts are wrong
+     * then, and the clusters they call free past it may well be in use. */
+    uint64_t floor;
+    r = qcow2_meta_floor(s, &floor);
+    if (r == -QK_ECORRUPT) {
+        return 0;
+    }
+    if (r < 0) {
+        return r;
+    }
+    uint64_t end = QK_MAX(c << s->cluster_bits, floor);
     if (end >= (uint64_t)flen) {
         return 0;
     }
