@@ -206,8 +206,8 @@ void qcow2_meta_set_snapshots(Qcow2State *s, const Qcow2Snapshot *sn, uint32_t n
         s->snap_l1[i][1] = sn[i].l1_bad ? 0 : (uint64_t)sn[i].l1_size * 8;
     }
     set_far(s, sn, n);
-    s->snap_table_off = n ? off : 0;
-    s->snap_table_len = n ? len : 0;
+    s->snap_table_off = len ? off : 0;
+    s->snap_table_len = len;
     qcow2_meta_changed(s);
 }
 

@@ -300,7 +300,8 @@ int coroutine_fn qcow2_meta_floor(Qcow2State *s, uint64_t *end);
  * the image is then to be marked corrupt. */
 int qcow2_check_data_write(Qcow2State *s, uint64_t off, uint64_t len);
 /* The snapshot table at off (len bytes) holds sn[0..n): what the check
- * protects from now on (n = 0: no table). */
+ * protects from now on (len = 0: no table; n = 0 with a length: a table
+ * that could not be read, protected over the length it claims). */
 struct Qcow2Snapshot;
 void qcow2_meta_set_snapshots(Qcow2State *s, const struct Qcow2Snapshot *sn, uint32_t n, uint64_t off,
                               uint64_t len);

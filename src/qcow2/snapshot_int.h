@@ -55,7 +55,9 @@ int coroutine_fn qcow2_snapshots_read_capped(Qcow2State *s, Qcow2Snapshot **out,
 /* The same, except that an entry whose L1 table lies outside the file
  * (or is unaligned, or too big) is kept with l1_bad set instead of
  * refusing the table: enough to list the snapshots and to delete such a
- * one (its clusters then leak), as qemu-img does. */
+ * one (its clusters then leak), as qemu-img does. When the table itself
+ * cannot be read, *table_len (when not NULL) still gets the length it
+ * claims. */
 int coroutine_fn qcow2_snapshots_read_lenient(Qcow2State *s, Qcow2Snapshot **out, uint32_t *n, uint64_t *table_len,
                                               QkError *err);
 void qcow2_snapshots_free(Qcow2Snapshot *sn, uint32_t n);

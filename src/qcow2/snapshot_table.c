@@ -81,12 +81,17 @@ static int coroutine_fn read_table(Qcow2State *s, Qcow2Snapshot **out, uint32_t 
         free(var);
         return qk_error_set(err, -ENOMEM, "out of memory");
     }
-    uint64_t off = s->h.snapshots_offset, pos = off;
+    uint64_t off = s->h.snapshots_offset, pos = off, claim_end = off;
     uint64_t l1_total = 0;  /* bytes of all snapshot L1 tables */
     int r = 0;
     uint32_t i;
     for (i = 0; i < nb; i++) {
         uint8_t fixed[QCOW2_SN_FIXED_LEN];
+        /* Where the table claims to end (this entry, then the fixed part
+         * of each one left): what a lenient reader protects when it
+         * cannot read the table, as QEMU reads the part past the end of
+         * the file as zeros and protects all of it. */
+        claim_end = pos + QCOW2_SN_FIXED_LEN * (uint64_t)(nb - i);
         if (!qk_range_within(pos, sizeof(fixed), (uint64_t)flen)) {
             r = qk_error_corrupt(err, "snapshot table is truncated");
             break;
@@ -104,6 +109,7 @@ static int coroutine_fn read_table(Qcow2State *s, Qcow2Snapshot **out, uint32_t 
         }
         uint64_t var_len = (uint64_t)disk_extra + id_len + name_len;
         uint64_t ent_len = qk_align_up(QCOW2_SN_FIXED_LEN + var_len, 8);
+        claim_end += var_len;
         /* The last entry's padding need not be in the file: qemu-img ends
          * a table at the end of the file right after the last name. */
         if (!qk_range_within(pos, QCOW2_SN_FIXED_LEN + var_len, (uint64_t)flen) ||
@@ -159,6 +165,9 @@ static int coroutine_fn read_table(Qcow2State *s, Qcow2Snapshot **out, uint32_t 
     free(var);
     if (r < 0) {
         qcow2_snapshots_free(sn, QK_MIN(i + 1, nb));
+        if (lenient && table_len) {
+            *table_len = claim_end - off;
+        }
         return r;
     }
     *out = sn;

@@ -500,6 +500,29 @@ def run_refcount_above_limit(qcowkit, work, env):
               (p.returncode, "same" if same else "CHANGED", chk, p.stdout.strip(), reports[0], reports[1]))
     return 0 if ok else 1
 
+# A snapshot table that claims more than the file holds (entry 0's id
+# length set to 65535) cannot be read, and a read-write open used to
+# protect none of it: a guest write that grew the file landed where the
+# table says it goes. qemu-io reads the missing part as zeros and
+# refuses the write ("overlaps with snapshot table"); so do we now, over
+# the length the table claims, and the table's bytes stay as they were.
+def run_write_over_unreadable_snapshot_table(qcowkit, work, env):
+    path = os.path.join(work, "sntl.qcow2")
+    small_snapshot_image(path)
+    img = bytearray(open(path, "rb").read())
+    so = struct.unpack_from(">Q", img, 64)[0]
+    be("H", img, so + 12, 65535)
+    open(path, "wb").write(img)
+    p = subprocess.run([qcowkit, "io", "-c", "write -P 0xee 64k 68k", path], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    after = open(path, "rb").read()
+    ok = (p.returncode == 1 and "overlaps with snapshot table" in p.stdout and after[so:len(img)] == img[so:] and
+          b"\xee" * 512 not in after[len(img):] and "Sanitizer" not in p.stdout and "runtime error" not in p.stdout)
+    print("%s a write growing the file into a snapshot table that cannot be read: refused" % ("ok  " if ok else "FAIL"))
+    if not ok:
+        print("     exit %d\n     %s" % (p.returncode, p.stdout.strip()[-600:]))
+    return 0 if ok else 1
+
 # An update of an active L1 entry lands where the active L1 table is also
 # something else: a snapshot's L1 table (the snapshot table names the
 # active one), or an "L2 table" (an L1 entry names the L1 table itself).
@@ -1236,6 +1259,7 @@ def main():
     fails += run_snapshot_l1_past_eof(qcowkit, work, env)
     fails += run_write_over_far_snapshot_l1(qcowkit, work, env)
     fails += run_l1_entry_over_other_metadata(qcowkit, work, env)
+    fails += run_write_over_unreadable_snapshot_table(qcowkit, work, env)
     fails += run_refcount_above_limit(qcowkit, work, env)
     fails += run_snapshot_create_bad_tree(qcowkit, work, env)
     fails += run_snapshot_create_tree_on_metadata(qcowkit, work, env)
