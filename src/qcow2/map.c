@@ -367,7 +367,13 @@ int coroutine_fn qcow2_grow_l1(Qcow2State *s, uint64_t min_size, QkError *err)
     qcow2_meta_changed(s);
     s->l1_size = (uint32_t)new_size;
     s->l1_offset = (uint64_t)off;
-    if (old_size) {
+    /* Only a corrupt entry makes the old table something the new one
+     * still names (an L2 table): freed, it would be handed out again
+     * under that reference. It leaks instead. */
+    if (old_size && qcow2_meta_overlap(s, old_off, old_size * 8, 0)) {
+        qcow2_note_corruption(s, "The old L1 table at %#" PRIx64 " is still in use as other metadata: left allocated",
+                              old_off);
+    } else if (old_size) {
         r = qcow2_free_clusters(s, old_off, old_size * 8);
     }
     return r < 0 ? qk_error_set_errno(err, r, "Could not free the old L1 table") : 0;

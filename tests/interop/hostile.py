@@ -523,6 +523,29 @@ def run_write_over_unreadable_snapshot_table(qcowkit, work, env):
         print("     exit %d\n     %s" % (p.returncode, p.stdout.strip()[-600:]))
     return 0 if ok else 1
 
+# A grow that moves the L1 table, where L1[0] names the L1 table itself
+# as its L2 table: the old table was freed although the new one still
+# names it, so its refcount fell to 0 under a live reference and the next
+# allocation took it (qemu-img check went from 2 errors to 4). Now it is
+# left allocated, and the resize completes as qemu-img's does.
+def run_grow_l1_named_by_itself(qcowkit, work, env):
+    path = os.path.join(work, "l1self.qcow2")
+    sh(["rm", "-f", path])
+    sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "cluster_size=4096,refcount_bits=1", path, "4M"])
+    sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x31 0 1M", path])
+    patch(path, lambda img: bad_l1_entry((1 << 63) | struct.unpack_from(">Q", img, 40)[0])(img))
+    count = lambda: int(([l for l in sh(["qemu-img", "check", path]).stdout.splitlines() if "errors were" in l] or
+                         ["0"])[0].split()[0])
+    before = count()
+    p = subprocess.run([qcowkit, "resize", path, "+3M"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True)
+    after = count()
+    ok = (p.returncode == 0 and after <= before and "Sanitizer" not in p.stdout and "runtime error" not in p.stdout)
+    print("%s a grow moving an L1 table that L1[0] names: the old table stays allocated" % ("ok  " if ok else "FAIL"))
+    if not ok:
+        print("     exit %d, errors %d -> %d\n     %s" % (p.returncode, before, after, p.stdout.strip()[-600:]))
+    return 0 if ok else 1
+
 # An update of an active L1 entry lands where the active L1 table is also
 # something else: a snapshot's L1 table (the snapshot table names the
 # active one), or an "L2 table" (an L1 entry names the L1 table itself).
@@ -1260,6 +1283,7 @@ def main():
     fails += run_write_over_far_snapshot_l1(qcowkit, work, env)
     fails += run_l1_entry_over_other_metadata(qcowkit, work, env)
     fails += run_write_over_unreadable_snapshot_table(qcowkit, work, env)
+    fails += run_grow_l1_named_by_itself(qcowkit, work, env)
     fails += run_refcount_above_limit(qcowkit, work, env)
     fails += run_snapshot_create_bad_tree(qcowkit, work, env)
     fails += run_snapshot_create_tree_on_metadata(qcowkit, work, env)
