@@ -3,18 +3,19 @@
  * that let a metadata cluster be handed out again) would otherwise turn a
  * guest write into the destruction of a table: data of every cluster the
  * table maps lost at once. Every write of guest data into the image file,
- * and every L2 table and refcount block written back, is checked first
- * against the header, the active L1 and L2 tables, the refcount table and
- * blocks, the bitmap directory, the snapshot table and the snapshots' L1
- * tables, as QEMU's default ("cached") check does; so is every table,
- * bitmap or snapshot table written into clusters just allocated for it
- * (an allocation a damaged refcount let fall on live metadata), and every
- * guest cluster about to be freed. The first hit fails with -EIO, as does
- * every later write of guest data, and the image is marked corrupt at the
- * next flush or close
- * (the header's corrupt bit, which only check -r clears). Tables are
- * still written back where they belong, so what the image holds stays
- * consistent.
+ * every L2 table and refcount block written back, and every active L1
+ * entry updated, is checked first against the header, the active L1 and
+ * L2 tables, the refcount table and blocks, the bitmap directory, the
+ * snapshot table and the snapshots' L1 tables (also those a damaged table
+ * names past the end of the file, and a table that cannot be read, over
+ * the length it claims), as QEMU's default ("cached") check does; so is
+ * every table, bitmap or snapshot table written into clusters just
+ * allocated for it (an allocation a damaged refcount let fall on live
+ * metadata), and every guest cluster about to be freed. The first hit
+ * fails with -EIO, as does every later write of guest data, and the image
+ * is marked corrupt at the next flush or close (the header's corrupt bit,
+ * which only check -r clears). Tables are still written back where they
+ * belong, so what the image holds stays consistent.
  *
  * Cost: a sorted list of the metadata clusters is built when the tables
  * change (qcow2_meta_changed) and at least every few thousand checks, so
