@@ -14,6 +14,7 @@
  */
 #include "qcow2/snapshot_int.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +85,12 @@ static bool names_live_metadata(Qcow2State *s, int addend, uint64_t off, uint64_
     return addend < 0 && qcow2_meta_overlap(s, off, len, 0) != 0;
 }
 
+static int past_end(Qcow2State *s, uint64_t off)
+{
+    qcow2_note_corruption(s, "Data cluster %#" PRIx64 " lies past the end of the file", off);
+    return -QK_ECORRUPT;
+}
+
 /* One L2 table of the walk (see qcow2_walk_l1). */
 static int coroutine_fn walk_l2(Qcow2State *s, uint64_t l2off, int addend, bool fix_copied)
 {
@@ -97,6 +104,11 @@ static int coroutine_fn walk_l2(Qcow2State *s, uint64_t l2off, int addend, bool 
     if (r < 0) {
         return r;
     }
+    /* A walk that only looks (before a snapshot shares the tree, or a
+     * deletion lowers what it shares) also refuses a cluster past the end
+     * of the file: sharing it would count a cluster that is not there, as
+     * qemu-img refuses to. */
+    bool looking = addend == 0 && !fix_copied;
     Run run = {0, 0};
     bool dirty = false;
     for (uint64_t j = 0; j < s->l2_entries && r == 0; j++) {
@@ -107,6 +119,10 @@ static int coroutine_fn walk_l2(Qcow2State *s, uint64_t l2off, int addend, bool 
             qcow2_compressed_range(s, e, &host, &len);
             uint64_t a = qk_align_down(host, s->cluster_size);
             uint64_t alen = qk_align_up(host + len, s->cluster_size) - a;
+            if (looking && a >= s->file_size) {
+                r = past_end(s, a);
+                break;
+            }
             if (!names_live_metadata(s, addend, a, alen)) {
                 r = run_add(s, &run, a, alen, addend);
             }
@@ -118,6 +134,10 @@ static int coroutine_fn walk_l2(Qcow2State *s, uint64_t l2off, int addend, bool 
         }
         if (!qk_is_aligned(off, s->cluster_size)) {
             r = qcow2_bad_data_offset(s, off, l2off, j);
+            break;
+        }
+        if (looking && off >= s->file_size) {
+            r = past_end(s, off);
             break;
         }
         if (names_live_metadata(s, addend, off, s->cluster_size)) {

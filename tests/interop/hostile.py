@@ -546,6 +546,31 @@ def run_grow_l1_named_by_itself(qcowkit, work, env):
         print("     exit %d, errors %d -> %d\n     %s" % (p.returncode, before, after, p.stdout.strip()[-600:]))
     return 0 if ok else 1
 
+# snapshot -c over an active L2 entry naming a cluster past the end of
+# the file: sharing it counted a cluster that is not there (a refcount
+# block grown for it, one error more), where qemu-img refuses. Now
+# refused before any change, naming the cluster.
+def run_snapshot_create_entry_past_end(qcowkit, work, env):
+    path = os.path.join(work, "snpe.qcow2")
+    sh(["rm", "-f", path])
+    sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "cluster_size=512", path, "1M"])
+    sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x31 0 40k", path])
+    img = bytearray(open(path, "rb").read())
+    far = (len(img) + 512 * 64) // 512 * 512
+    l2 = l1_entry(img) & 0x00fffffffffffe00
+    be("Q", img, l2 + 8, (1 << 63) | far)
+    open(path, "wb").write(img)
+    before = open(path, "rb").read()
+    p = subprocess.run([qcowkit, "snapshot", "-c", "x", path], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    ok = (p.returncode == 1 and open(path, "rb").read() == before and
+          ("Data cluster %#x lies past the end of the file" % far) in p.stdout and "Sanitizer" not in p.stdout)
+    print("%s snapshot -c over an entry past the end of the file: refused before any change" %
+          ("ok  " if ok else "FAIL"))
+    if not ok:
+        print("     exit %d\n     %s" % (p.returncode, p.stdout.strip()[-600:]))
+    return 0 if ok else 1
+
 # An update of an active L1 entry lands where the active L1 table is also
 # something else: a snapshot's L1 table (the snapshot table names the
 # active one), or an "L2 table" (an L1 entry names the L1 table itself).
@@ -1284,6 +1309,7 @@ def main():
     fails += run_l1_entry_over_other_metadata(qcowkit, work, env)
     fails += run_write_over_unreadable_snapshot_table(qcowkit, work, env)
     fails += run_grow_l1_named_by_itself(qcowkit, work, env)
+    fails += run_snapshot_create_entry_past_end(qcowkit, work, env)
     fails += run_refcount_above_limit(qcowkit, work, env)
     fails += run_snapshot_create_bad_tree(qcowkit, work, env)
     fails += run_snapshot_create_tree_on_metadata(qcowkit, work, env)
