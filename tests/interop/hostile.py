@@ -25,6 +25,12 @@ def make_base(work):
     with open(path, "rb") as f:
         return bytearray(f.read())
 
+def new_image(path, size, writes, opts=None):
+    """A fresh qcow2 image at path (create options opts), written by the qemu-io commands in writes."""
+    sh(["rm", "-f", path])
+    sh(["qemu-img", "create", "-q", "-f", "qcow2"] + (["-o", opts] if opts else []) + [path, size])
+    sh(["qemu-io", "-f", "qcow2"] + [a for w in writes for a in ("-c", w)] + [path])
+
 def be(fmt, buf, off, val):
     struct.pack_into(">" + fmt, buf, off, val)
 
@@ -311,9 +317,7 @@ def run_unaligned_free(qcowkit, work, env):
     for ext in ("off", "on"):
         path = os.path.join(work, "unaligned.qcow2")
         for op in ("discard 0 64k", "write -z -u 0 64k"):
-            sh(["rm", "-f", path])
-            sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "extended_l2=" + ext, path, "64M"])
-            sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x11 0 64k", "-c", "write -P 0x12 64k 64k", path])
+            new_image(path, "64M", ["write -P 0x11 0 64k", "write -P 0x12 64k 64k"], "extended_l2=" + ext)
             with open(path, "r+b") as f:
                 img = bytearray(f.read())
                 l2 = l1_entry(img) & 0x00fffffffffffe00
@@ -339,18 +343,14 @@ def run_unaligned_free(qcowkit, work, env):
 
 def snapshot_image(path, size, before, after):
     """A fresh image: BEFORE written, snapshot s1 taken, AFTER written (qemu-io commands)."""
-    sh(["rm", "-f", path])
-    sh(["qemu-img", "create", "-q", "-f", "qcow2", path, size])
-    sh(["qemu-io", "-f", "qcow2", "-c", before, path])
+    new_image(path, size, [before])
     sh(["qemu-img", "snapshot", "-c", "s1", path])
     sh(["qemu-io", "-f", "qcow2", "-c", after, path])
 
 def small_snapshot_image(path):
     """A fresh 1 MiB image, 512-byte clusters and 64-bit refcounts: data,
     snapshot s0, then a write over part of it (s0 and the disk share the rest)."""
-    sh(["rm", "-f", path])
-    sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "cluster_size=512,refcount_bits=64", path, "1M"])
-    sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x31 0 40k", "-c", "write -P 0x32 600k 8k", path])
+    new_image(path, "1M", ["write -P 0x31 0 40k", "write -P 0x32 600k 8k"], "cluster_size=512,refcount_bits=64")
     sh(["qemu-img", "snapshot", "-c", "s0", path])
     sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x33 4k 4k", path])
 
@@ -530,9 +530,7 @@ def run_write_over_unreadable_snapshot_table(qcowkit, work, env):
 # left allocated, and the resize completes as qemu-img's does.
 def run_grow_l1_named_by_itself(qcowkit, work, env):
     path = os.path.join(work, "l1self.qcow2")
-    sh(["rm", "-f", path])
-    sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "cluster_size=4096,refcount_bits=1", path, "4M"])
-    sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x31 0 1M", path])
+    new_image(path, "4M", ["write -P 0x31 0 1M"], "cluster_size=4096,refcount_bits=1")
     patch(path, lambda img: bad_l1_entry((1 << 63) | struct.unpack_from(">Q", img, 40)[0])(img))
     count = lambda: int(([l for l in sh(["qemu-img", "check", path]).stdout.splitlines() if "errors were" in l] or
                          ["0"])[0].split()[0])
@@ -552,9 +550,7 @@ def run_grow_l1_named_by_itself(qcowkit, work, env):
 # refused before any change, naming the cluster.
 def run_snapshot_create_entry_past_end(qcowkit, work, env):
     path = os.path.join(work, "snpe.qcow2")
-    sh(["rm", "-f", path])
-    sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "cluster_size=512", path, "1M"])
-    sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x31 0 40k", path])
+    new_image(path, "1M", ["write -P 0x31 0 40k"], "cluster_size=512")
     img = bytearray(open(path, "rb").read())
     far = (len(img) + 512 * 64) // 512 * 512
     l2 = l1_entry(img) & 0x00fffffffffffe00
@@ -626,9 +622,7 @@ def run_snapshot_create_bad_tree(qcowkit, work, env):
     fails = 0
     for what, at, val in (("data cluster", 0x40000, 0x8000000000050200), ("L2 table", 0x30000, 0x8000000000040200)):
         path = os.path.join(work, "sncb.qcow2")
-        sh(["rm", "-f", path])
-        sh(["qemu-img", "create", "-q", "-f", "qcow2", path, "4M"])
-        sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x11 0 128k", "-c", "write -P 0x33 1M 64k", path])
+        new_image(path, "4M", ["write -P 0x11 0 128k", "write -P 0x33 1M 64k"])
         img = bytearray(open(path, "rb").read())
         be("Q", img, at, val)
         open(path, "wb").write(img)
@@ -659,9 +653,7 @@ def run_snapshot_create_bad_tree(qcowkit, work, env):
 # 2 errors to 36 here).
 def run_snapshot_create_tree_on_metadata(qcowkit, work, env):
     path = os.path.join(work, "sncm.qcow2")
-    sh(["rm", "-f", path])
-    sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "cluster_size=512,refcount_bits=64", path, "1M"])
-    sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x11 0 40k", "-c", "write -P 0x33 600k 8k", path])
+    new_image(path, "1M", ["write -P 0x11 0 40k", "write -P 0x33 600k 8k"], "cluster_size=512,refcount_bits=64")
     img = bytearray(open(path, "rb").read())
     l1 = struct.unpack_from(">Q", img, 40)[0]
     rb = struct.unpack_from(">Q", img, struct.unpack_from(">Q", img, 48)[0])[0]
@@ -719,9 +711,7 @@ def run_bitmap_names_l1(qcowkit, work, env):
     fails = 0
     path = os.path.join(work, "bm.qcow2")
     for op in (["bitmap", "--clear", path, "b1"], ["bitmap", "--remove", path, "b1"]):
-        sh(["rm", "-f", path])
-        sh(["qemu-img", "create", "-q", "-f", "qcow2", path, "4M"])
-        sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x44 0 1M", path])
+        new_image(path, "4M", ["write -P 0x44 0 1M"])
         sh(["qemu-img", "bitmap", "--add", path, "b1"])
         sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x45 1M 64k", path])  # dirty: b1 gets a data cluster
         with open(path, "r+b") as f:
@@ -756,9 +746,7 @@ def run_bitmap_names_l1(qcowkit, work, env):
 # data cluster as leaked).
 def run_compressed_subcluster_bits(qcowkit, work, env):
     path = os.path.join(work, "xc.qcow2")
-    sh(["rm", "-f", path])
-    sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "extended_l2=on", path, "4M"])
-    sh(["qemu-io", "-f", "qcow2", "-c", "write -c -P 0x66 0 64k", path])
+    new_image(path, "4M", ["write -c -P 0x66 0 64k"], "extended_l2=on")
     with open(path, "r+b") as f:
         img = bytearray(f.read())
         l2 = l1_entry(img) & 0x00fffffffffffe00
@@ -887,9 +875,7 @@ def run_bitmap_dir_damage(qcowkit, work, env):
 # it, exit 2).
 def run_snapshot_extra(qcowkit, work, env):
     path = os.path.join(work, "snx.qcow2")
-    sh(["rm", "-f", path])
-    sh(["qemu-img", "create", "-q", "-f", "qcow2", path, "4M"])
-    sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x11 0 64k", path])
+    new_image(path, "4M", ["write -P 0x11 0 64k"])
     sh(["qemu-img", "snapshot", "-c", "s1", path])
     sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x22 0 64k", path])
     img = bytearray(open(path, "rb").read())
@@ -951,9 +937,7 @@ def run_new_metadata_over_tables(qcowkit, work, env):
     for cluster, what, cmd in ((3, "L1", ["bitmap", "--add", path, "b0"]),
                                (4, "L2", ["snapshot", "-c", "s1", path]),
                                (4, "L2", ["resize", path, "20G"])):
-        sh(["rm", "-f", path])
-        sh(["qemu-img", "create", "-q", "-f", "qcow2", path, "16M"])
-        sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x11 0 128k", "-c", "write -P 0x22 1M 64k", path])
+        new_image(path, "16M", ["write -P 0x11 0 128k", "write -P 0x22 1M 64k"])
         with open(path, "r+b") as f:
             img = bytearray(f.read())
             assert struct.unpack_from(">Q", img, 40)[0] == 0x30000, "layout changed"
@@ -1014,9 +998,7 @@ def run_refcount_damage_named(qcowkit, work, env):
                                 ("a refcount block past the end of the file", ["resize", "--preallocation=metadata",
                                                                               path, "+2M"],
                                  "Refcount block at 0x10000000000 extends past the end of the file", 1)):
-        sh(["rm", "-f", path])
-        sh(["qemu-img", "create", "-q", "-f", "qcow2", path, "64M"])
-        sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x11 0 256k", "-c", "write -P 0x22 48M 64k", path])
+        new_image(path, "64M", ["write -P 0x11 0 256k", "write -P 0x22 48M 64k"])
         with open(path, "r+b") as f:
             img = bytearray(f.read())
             rt = struct.unpack_from(">Q", img, 48)[0]
@@ -1125,9 +1107,7 @@ def run_shrink_bad_refcounts(qcowkit, work, env):
     img = os.path.join(work, "shrink-rc.qcow2")
     for rb in (16, 32):
         for op in (["resize", "--shrink", img, "2M"], ["amend", "-o", "size=2M", img]):
-            sh(["rm", "-f", img])
-            sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "cluster_size=16k,refcount_bits=%d" % rb, img, "4M"])
-            sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x71 0 1M", "-c", "write -P 0x72 3M 64k", img])
+            new_image(img, "4M", ["write -P 0x71 0 1M", "write -P 0x72 3M 64k"], "cluster_size=16k,refcount_bits=%d" % rb)
             patch(img, refcount_table_names_itself)
             size = os.path.getsize(img)
             p = subprocess.run([qcowkit] + op, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
