@@ -407,17 +407,19 @@ static int check_writable(Qcow2State *s, QkError *err)
     return 0;
 }
 
-/* The active L1 table and the L2 tables drop_copied_active() writes back
- * must not lie on other live metadata (only a corrupt header or L1 entry
- * puts them there): the overlap check would refuse those writes half way,
- * after some flags were cleared for good and before the refcounts rose.
- * Refused here, before anything changes. */
-static int active_tree_writable(Qcow2State *s)
+/* The active L1 table and the L2 tables whose flags a snapshot's
+ * creation or deletion rewrites must not lie on other live metadata (only
+ * a corrupt header or L1 entry puts them there): the overlap check would
+ * refuse those writes half way, after the refcounts changed for good and
+ * before the flags followed. Refused before anything changes. Creation
+ * rewrites only tables marked COPIED (clearing flags); deletion may set
+ * flags in any table (`only_copied` false). */
+static int active_tree_writable(Qcow2State *s, bool only_copied)
 {
     int r = qcow2_check_table_write(s, s->l1_offset, (uint64_t)s->l1_size * 8, QCOW2_OL_L1);
     for (uint64_t i = 0; i < s->l1_size && r == 0; i++) {
         uint64_t l2off = s->l1[i] & QCOW2_L1E_OFFSET_MASK;
-        if (l2off && (s->l1[i] & QCOW2_OFLAG_COPIED)) {
+        if (l2off && (!only_copied || (s->l1[i] & QCOW2_OFLAG_COPIED))) {
             r = qcow2_check_table_write(s, l2off, s->cluster_size, QCOW2_OL_L2);
         }
     }
@@ -483,7 +485,7 @@ static int coroutine_fn create_locked(Qcow2State *s, const QkSnapshotInfo *info,
      * cleared on clusters still counted once. */
     r = qcow2_walk_l1(s, s->l1, s->l1_size, 0, false, NULL);
     if (r == 0) {
-        r = active_tree_writable(s);
+        r = active_tree_writable(s, true);
     }
     if (r < 0) {
         qk_error_set_errno(err, r, "Could not update the refcounts");
@@ -743,11 +745,17 @@ int coroutine_fn qcow2_co_snapshot_delete(QkBlock *bs, const char *id, const cha
     /* OFLAG_COPIED in the active tree follows the refcounts the deletion
      * lowers: an active table that cannot be read (or names a cluster
      * where none starts) could not take its flags, and would be left with
-     * entries counted once but not marked so. Refused before any change. */
+     * entries counted once but not marked so; so would a table the flags
+     * cannot be written to. Refused before any change. */
     if (r == 0) {
         r = qcow2_walk_l1(s, s->l1, s->l1_size, 0, false, NULL);
         if (r < 0) {
             qk_error_set_errno(err, r, "Could not read the image's active tables");
+        } else {
+            r = active_tree_writable(s, false);
+            if (r < 0) {
+                qk_error_set_errno(err, r, "Could not update the active tables' flags");
+            }
         }
     }
     if (r < 0) {

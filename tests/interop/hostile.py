@@ -644,6 +644,26 @@ def run_snapshot_create_bad_tree(qcowkit, work, env):
                                                                      q.returncode, q.stdout.strip()))
     return fails
 
+# Writes img to path, runs a snapshot command over it, and checks that it
+# was refused before any change: exit 1, only the corrupt bit set, the same
+# error count from qemu-img check, and `says` in the message.
+def refused_unchanged(qcowkit, env, path, img, cmd, says, label):
+    open(path, "wb").write(img)
+    before = sh(["qemu-img", "check", path]).stdout
+    k = subprocess.run([qcowkit] + cmd + [path], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True)
+    after = sh(["qemu-img", "check", path]).stdout
+    marked = bytearray(img)
+    marked[79] |= 2
+    count = lambda out: [l for l in out.splitlines() if "errors were found" in l]
+    ok = (k.returncode == 1 and open(path, "rb").read() == bytes(marked) and count(before) == count(after) and
+          len(count(before)) == 1 and says in k.stdout and "Sanitizer" not in k.stdout)
+    print("%s %s: refused before any change" % ("ok  " if ok else "FAIL", label))
+    if not ok:
+        print("     exit %d: %s\n     before %s, after %s" % (k.returncode, k.stdout.strip(), count(before),
+                                                              count(after)))
+    return 0 if ok else 1
+
 # snapshot -c on an image whose active L1 entry names the refcount block
 # as its (COPIED) L2 table: the flag pass would write the refcount block
 # back as an L2 table, which the overlap check refuses. That refusal used
@@ -658,22 +678,8 @@ def run_snapshot_create_tree_on_metadata(qcowkit, work, env):
     l1 = struct.unpack_from(">Q", img, 40)[0]
     rb = struct.unpack_from(">Q", img, struct.unpack_from(">Q", img, 48)[0])[0]
     be("Q", img, l1, (1 << 63) | rb)
-    open(path, "wb").write(img)
-    before = sh(["qemu-img", "check", path]).stdout
-    k = subprocess.run([qcowkit, "snapshot", "-c", "x", path], env=env, stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True)
-    after = sh(["qemu-img", "check", path]).stdout
-    marked = bytearray(img)
-    marked[79] |= 2
-    count = lambda out: [l for l in out.splitlines() if "errors were found" in l]
-    ok = (k.returncode == 1 and open(path, "rb").read() == bytes(marked) and count(before) == count(after) and
-          len(count(before)) == 1 and "overlaps with refcount block" in k.stdout and "Sanitizer" not in k.stdout)
-    print("%s snapshot -c with the active L1 naming a refcount block: refused before any change" %
-          ("ok  " if ok else "FAIL"))
-    if not ok:
-        print("     exit %d: %s\n     before %s, after %s" % (k.returncode, k.stdout.strip(), count(before),
-                                                              count(after)))
-    return 0 if ok else 1
+    return refused_unchanged(qcowkit, env, path, img, ["snapshot", "-c", "x"], "overlaps with refcount block",
+                             "snapshot -c with the active L1 naming a refcount block")
 
 # An image whose external data file is a FIFO: opening it used to wait for
 # a writer forever, in every command. info describes the image (as
@@ -1189,6 +1195,21 @@ def run_snapshot_delete_active_table_cut(qcowkit, work, env):
                                                     else "CHANGED", p.stdout.strip()[-800:]))
     return 0 if ok else 1
 
+# snapshot -d sets OFLAG_COPIED in any active table the deleted snapshot
+# shared. With the active L1 entry naming the L1 table itself as its L2
+# table, that write was refused by the overlap check only after the
+# snapshot had gone and its refcounts had dropped (5 errors to 9, qemu-img
+# the same). Refused before any change now: only the corrupt bit is set.
+def run_snapshot_delete_tree_on_metadata(qcowkit, work, env):
+    path = os.path.join(work, "sndm.qcow2")
+    new_image(path, "1M", ["write -P 0x11 0 40k", "write -P 0x33 600k 8k"], "cluster_size=512")
+    sh(["qemu-img", "snapshot", "-c", "s1", path])
+    img = bytearray(open(path, "rb").read())
+    l1 = struct.unpack_from(">Q", img, 40)[0]
+    be("Q", img, l1, l1)  # shared (no COPIED), as the snapshot left it
+    return refused_unchanged(qcowkit, env, path, img, ["snapshot", "-d", "s1"], "overlaps with",
+                             "snapshot -d with the active L1 naming itself as an L2 table")
+
 # A backing chain at the depth limit (128 images, data in the bottom one
 # and one in the middle) reads and maps through the ASan build: each
 # layer's open used to keep a 3 KiB error on the coroutine's stack, which
@@ -1308,6 +1329,7 @@ def main():
     fails += run_commit_l1_as_l2(qcowkit, work, env)
     fails += run_snapshot_delete_cut_table(qcowkit, work, env)
     fails += run_snapshot_delete_active_table_cut(qcowkit, work, env)
+    fails += run_snapshot_delete_tree_on_metadata(qcowkit, work, env)
     ncomp, cfails = run_compressed(qcowkit, work, env)
     fails += cfails
     nbm, bfails = run_bitmap_dir_damage(qcowkit, work, env)
