@@ -25,7 +25,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SLICE (4u << 20)
+/* Each worker takes the next MAX_IO piece of the disk, so the pieces in
+ * flight are neighbours and every file is read as one sequential stream
+ * the kernel's read-ahead follows. Workers on 4 MiB slices each (8
+ * streams 4 MiB apart on one file) broke it into half-size requests the
+ * disk served three times slower (bench/lifecycle.py's rebase, cold
+ * cache: 1.07 s against 0.48 s, qemu-img 0.68 s; 2026-12-05). */
 #define MAX_IO (1u << 20)
 
 typedef struct RebaseRun {
@@ -185,9 +190,9 @@ int coroutine_fn qk_co_rebase_copy(QkBlock *top, QkBlock *new_backing, const QkR
     }
     r.unit = QK_MAX(r.unit, 512u);
     /* Units are powers of two up to a 2 MiB cluster: the larger of the
-     * two is a multiple of the other, and SLICE of both. */
+     * two is a multiple of the other. */
     r.io = QK_MAX((uint32_t)MAX_IO, r.unit);
-    int ret = qk_co_run_slices(r.size, SLICE, opts->workers, 2 * (size_t)r.io,
+    int ret = qk_co_run_slices(r.size, r.io, opts->workers, 2 * (size_t)r.io,
                                qk_block_buf_align(top), rebase_slice, &r);
     if (ret == 0) {
         ret = qk_co_flush(top);
