@@ -37,8 +37,14 @@ static const char *const usage_text =
     "  -p             show progress on stdout\n"
     "  -q             quiet: only the exit status tells\n";
 
-#define SLICE (8u << 20)
+/* Workers take neighbouring 1 MiB pieces, eight at a time: each image is
+ * read as one sequential stream, 8 MiB in flight, which the kernel's
+ * read-ahead follows. Eight 8 MiB slices read side by side were eight
+ * streams 8 MiB apart per file: two identical 1 GiB images, page cache
+ * dropped, compared in 0.90-1.07 s that way and 0.41-0.44 s this way
+ * (qemu-img 1.83-2.57 s; 2026-12-05). */
 #define CHUNK (1u << 20)
+#define SLICE CHUNK
 #define WORKERS 8
 #define SECTOR 512u
 
