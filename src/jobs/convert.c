@@ -420,7 +420,7 @@ static void coroutine_fn worker(void *opaque)
 {
     Worker w = {.r = opaque};
     Run *r = w.r;
-    w.buf = qk_aligned_alloc(r->align, r->chunk);
+    w.buf = qk_io_buf_alloc(r->align, r->chunk);
     if (!w.buf && r->ret == 0) {
         r->ret = -ENOMEM;
     }

@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 void qk_iov_init(QkIov *q, int hint)
 {
@@ -187,6 +188,26 @@ void *qk_aligned_alloc(size_t align, size_t size)
     }
     if (posix_memalign(&p, align, size ? size : align) != 0) {
         return NULL;
+    }
+    return p;
+}
+
+/* A direct request is made of the buffer's physically contiguous runs:
+ * on 4 KiB pages scattered in memory the kernel splits a 2 MiB read into
+ * requests of half a megabyte or so, which this machine's disk served
+ * many times slower (convert of a 1 GiB qcow2 with -T none -t none: 0.49
+ * to 0.81 MiB per request, 1.73-2.31 s; in huge pages 1.7-1.8 MiB per
+ * request, 0.95-1.03 s; 2026-12-05). The advice is only that: without
+ * huge pages the buffer works the same. */
+void *qk_io_buf_alloc(size_t align, size_t size)
+{
+    if (size < QK_IO_BUF_HUGE) {
+        return qk_aligned_alloc(align, size);
+    }
+    size_t len = (size + QK_IO_BUF_HUGE - 1) & ~((size_t)QK_IO_BUF_HUGE - 1);
+    void *p = qk_aligned_alloc(align > QK_IO_BUF_HUGE ? align : QK_IO_BUF_HUGE, len);
+    if (p) {
+        (void)madvise(p, len, MADV_HUGEPAGE);
     }
     return p;
 }

@@ -28,5 +28,10 @@ int qk_iov_is_aligned(const QkIov *q, size_t align);
 
 /* Buffer helpers. */
 void *qk_aligned_zalloc(size_t align, size_t size);
+/* A buffer for large direct I/O (align as qk_aligned_alloc; free()):
+ * one of QK_IO_BUF_HUGE bytes or more starts on a huge-page boundary and
+ * asks for transparent huge pages (see util/iov.c). */
+#define QK_IO_BUF_HUGE (2u << 20)
+void *qk_io_buf_alloc(size_t align, size_t size);
 
 #endif
