@@ -88,8 +88,10 @@ struct Mirror {
      * allocation per chunk is an mmap whose every page faults in during
      * the read and whose munmap shoots down TLBs on every CPU, which cost
      * more than the copy itself. At most max_in_flight exist. */
-    void **bufs;
+    void **bufs;        /* free slots of region */
     int nbufs;
+    void *region;       /* max_in_flight slots (see buf_get) */
+    int region_out;     /* slots in use */
     QkError err;                  /* first copy error */
     QkMirrorStats st;
 };
@@ -208,27 +210,57 @@ static int coroutine_fn copy_zeroes(Mirror *m, uint64_t off, uint64_t bytes)
     return 0;
 }
 
+/* The copy buffers are slots of one qk_io_buf_alloc() region, allocated
+ * on first use: in transparent huge pages a direct request reaches the
+ * disk whole, where 1 MiB buffers allocated one by one sat on scattered
+ * 4 KiB pages and their requests were split. A buffer beyond the
+ * region's slots (none is expected) is allocated on its own. */
+static size_t slot_size(const Mirror *m)
+{
+    return (size_t)qk_align_up(m->max_op, m->buf_align);
+}
+
+static bool in_region(const Mirror *m, const void *buf)
+{
+    const char *p = buf, *r = m->region;
+    return r && p >= r && p < r + slot_size(m) * (size_t)m->o.max_in_flight;
+}
+
 static void *buf_get(Mirror *m)
 {
-    if (m->nbufs > 0) {
-        return m->bufs[--m->nbufs];
+    if (!m->region && m->nbufs == 0) {
+        m->region = qk_io_buf_alloc(m->buf_align, slot_size(m) * (size_t)m->o.max_in_flight);
+        for (int i = m->o.max_in_flight - 1; m->region && i >= 0; i--) {
+            m->bufs[m->nbufs++] = (char *)m->region + (size_t)i * slot_size(m);
+        }
+        m->region_out = 0;
     }
-    return qk_aligned_alloc(m->buf_align, (size_t)qk_align_up(m->max_op, m->buf_align));
+    if (m->nbufs > 0) {
+        void *buf = m->bufs[--m->nbufs];
+        m->region_out += in_region(m, buf);
+        return buf;
+    }
+    return qk_aligned_alloc(m->buf_align, slot_size(m));
 }
 
 static void buf_put(Mirror *m, void *buf)
 {
-    if (buf && m->nbufs < m->o.max_in_flight) {
+    if (buf && in_region(m, buf)) {
         m->bufs[m->nbufs++] = buf;
+        m->region_out--;
     } else {
         free(buf);
     }
 }
 
+/* A finished job keeps no memory: the region goes once every slot is
+ * back. */
 static void bufs_release(Mirror *m)
 {
-    while (m->nbufs > 0) {
-        free(m->bufs[--m->nbufs]);
+    if (m->region && m->region_out == 0) {
+        free(m->region);
+        m->region = NULL;
+        m->nbufs = 0;
     }
 }
 
