@@ -88,7 +88,7 @@ static json_t *coroutine_fn cmd_remove(QkDaemon *d, json_t *args, QkError *err)
 {
     QkBlock *bs = export_node(d, args, err);
     QkDirtyBitmap *bm = bs ? find_bitmap(bs, args, "name", err) : NULL;
-    if (!bm || qk_dirty_bitmap_remove(bs, bm, err) < 0) {
+    if (!bm || qk_co_dirty_bitmap_remove(bs, bm, err) < 0) {
         return NULL;
     }
     return json_object();

@@ -7,7 +7,8 @@
 # read-write export show up in the live bitmap at once and are in the
 # image after the server stops; the control socket adds a persistent
 # bitmap while serving, and enabling a stored one marks it in use on disk
-# before any write (a SIGKILL leaves it flagged); qemu:allocation-depth over
+# before any write (a SIGKILL leaves it flagged), and so does removing a
+# stored one; qemu:allocation-depth over
 # a backing chain as qemu-nbd -A reports it. Plain and ASan builds.
 # Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/nbd-lib.bash"
@@ -80,6 +81,23 @@ for build in "$QK_PLAIN" "$QK_ASAN"; do
   qemu-img info ctl.qcow2 >info.txt
   grep -B1 -A3 "in-use" info.txt | grep -q "name: b1" || { bad "$build: b1 not in use after SIGKILL"; cat info.txt; }
   qemu-img check -q ctl.qcow2 >/dev/null 2>&1; rc=$?
+  [ $rc = 0 ] || [ $rc = 3 ] || bad "$build: check after SIGKILL exited $rc"
+  # Removing a stored (disabled) bitmap while serving marks it in use on
+  # disk first. It used to stay as saved until the store at close: with a
+  # bitmap of the same name added and written after it, a SIGKILL brought
+  # the old one back flagged as saved, reporting the write as clean.
+  qemu-img create -q -f qcow2 rmk.qcow2 64M
+  qemu-img bitmap --add --disable rmk.qcow2 d
+  start_serve "$build" pid --export name=vm0,file=rmk.qcow2 --socket "$work/s.sock" --control "$work/c.sock"
+  ctl block-dirty-bitmap-remove export=vm0 name=d
+  ctl block-dirty-bitmap-add export=vm0 name=d persistent=true
+  qemu-io -f raw -c 'write -P 2 8M 1M' -c flush "$u" >/dev/null || bad "$build: write over NBD"
+  kill -KILL "$SERVE_PID"; wait "$SERVE_PID" 2>/dev/null
+  qemu-img info rmk.qcow2 >info.txt
+  if grep -q "name: d" info.txt; then
+    grep -B1 -A3 "in-use" info.txt | grep -q "name: d" || { bad "$build: the removed bitmap came back as saved"; cat info.txt; }
+  fi
+  qemu-img check -q rmk.qcow2 >/dev/null 2>&1; rc=$?
   [ $rc = 0 ] || [ $rc = 3 ] || bad "$build: check after SIGKILL exited $rc"
 done
 
