@@ -32,7 +32,7 @@ static const char *const usage_text =
     "  --vmstate F        with -c: save the VM state read from F (- is stdin)\n"
     "  --vmstate-out F    with -a: write the snapshot's VM state to F (- is stdout)\n"
     "  --vmstate-workers N      buffers written or read in parallel (default 4)\n"
-    "  --vmstate-buf-size SIZE  buffer size (default max(cluster size, 1M))\n"
+    "  --vmstate-buf-size SIZE  buffer size (default max(cluster size, 2M))\n"
     "  --vmstate-unbuffered     write each piece as it is read (slow; for comparison)\n";
 
 typedef struct SnapRun {

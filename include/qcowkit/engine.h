@@ -436,7 +436,7 @@ int coroutine_fn qk_co_vmstate_discard(QkBlock *bs, QkError *err);
 /* VM state, buffered: small unaligned pieces gathered into large aligned
  * buffers written (or read ahead) several at once. */
 typedef struct QkVmStateOptions {
-    uint64_t buf_size;   /* 0: max(cluster size, 1 MiB); rounded up to 4 KiB */
+    uint64_t buf_size;   /* 0: max(cluster size, 2 MiB); rounded up to 4 KiB */
     int workers;         /* buffers written/read in parallel; 0: 4 */
     bool unbuffered;     /* every piece is written as it comes (the slow path) */
     uint32_t cluster_size; /* hint for the default buffer size */

@@ -138,7 +138,7 @@ typedef struct QkVmStateStream QkVmStateStream;
 
 typedef struct QkVmStateParams {
     int workers;          /* buffers written/read in parallel; 0: 4 */
-    uint64_t buf_size;    /* 0: max(cluster size, 1 MiB) */
+    uint64_t buf_size;    /* 0: max(cluster size, 2 MiB) */
     int unbuffered;       /* write each piece as it comes (slow; for comparison) */
 } QkVmStateParams;
 

@@ -67,7 +67,7 @@ static void coroutine_fn round_trip(uint64_t size, int workers, uint64_t buf_siz
     QK_CHECK_EQ(qk_vmstate_writer_flush(w), 0);
     QK_CHECK_EQ(sink_calls, sink_done);
     if (!unbuffered) {
-        uint64_t bsz = buf_size ? buf_size : 1 << 20;
+        uint64_t bsz = buf_size ? buf_size : 2 << 20; /* the default */
         QK_CHECK(qk_vmstate_writer_peak_memory(w) <= (uint64_t)(workers + 1) * bsz);
         if (size > 4 * bsz && workers > 1) {
             QK_CHECK(max_parallel > 1); /* buffers really were written in parallel */
