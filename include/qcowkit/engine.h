@@ -489,9 +489,9 @@ bool qk_dirty_bitmap_inconsistent(const QkDirtyBitmap *bm);
  * written before it is closed, use qk_co_dirty_bitmap_remove: this one
  * leaves a stored copy of the bitmap as it is on disk until the close. */
 int qk_dirty_bitmap_remove(QkBlock *bs, QkDirtyBitmap *bm, QkError *err);
-/* As qk_dirty_bitmap_remove, but a stored copy is first marked in use on
- * disk (durably), so a crash before the close never brings the bitmap
- * back as if saved. May yield. */
+/* As qk_dirty_bitmap_remove, but a stored copy leaves the image now (a
+ * new bitmap directory without it, the header switched durably), so a
+ * crash before the close never brings the bitmap back. May yield. */
 int coroutine_fn qk_co_dirty_bitmap_remove(QkBlock *bs, QkDirtyBitmap *bm, QkError *err);
 void qk_dirty_bitmap_set_enabled(QkDirtyBitmap *bm, bool enabled);
 void qk_dirty_bitmap_clear(QkDirtyBitmap *bm);

@@ -85,6 +85,9 @@ struct QkBlockDriver {
     /* Before a persistent bitmap stops matching its stored copy (NULL:
      * nothing stored to protect). */
     int coroutine_fn (*co_bitmap_begin_change)(QkBlock *bs, struct QkDirtyBitmap *bm, QkError *err);
+    /* Takes a persistent bitmap's stored copy out of the image now (NULL:
+     * nothing stored); the node's bitmap is then dropped by the caller. */
+    int coroutine_fn (*co_bitmap_remove)(QkBlock *bs, struct QkDirtyBitmap *bm, QkError *err);
 };
 
 struct QkBlock {

@@ -167,14 +167,12 @@ int coroutine_fn qk_co_dirty_bitmap_remove(QkBlock *bs, QkDirtyBitmap *bm, QkErr
     if (bm->busy) {
         return qk_error_set(err, -EBUSY, "Bitmap '%s' is in use", bm->name ? bm->name : "(anonymous)");
     }
-    /* A stored bitmap leaves the image at the next store (the close). Its
-     * entry there is marked in use first, durably: a crash before the
-     * store would otherwise bring back a bitmap flagged as saved, which
-     * missed every write made after it was removed from memory. One
-     * found in use is marked so already. */
-    if (bm->persistent && !bm->inconsistent && bs->drv->co_bitmap_begin_change) {
+    /* A stored bitmap leaves the image now, not at the close: a crash
+     * in between would otherwise bring back a bitmap flagged as saved,
+     * which missed every write made after it was removed from memory. */
+    if (bm->persistent && bs->drv->co_bitmap_remove) {
         bm->busy++;
-        int r = bs->drv->co_bitmap_begin_change(bs, bm, err);
+        int r = bs->drv->co_bitmap_remove(bs, bm, err);
         bm->busy--;
         if (r < 0) {
             return r;

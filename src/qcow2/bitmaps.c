@@ -239,38 +239,25 @@ int coroutine_fn qcow2_bitmap_begin_change(QkBlock *bs, QkDirtyBitmap *bm, QkErr
     if (!bm->persistent || !bm->disk_slot || !s->bm_live || !s->bm_disk_flags) {
         return 0; /* not stored yet: nothing on disk to go stale */
     }
+    qk_co_mutex_lock(&s->bm_lock);
     uint32_t *f = &s->bm_disk_flags[bm->disk_slot - 1];
-    if (*f & QCOW2_BME_IN_USE) {
-        return 0;
+    int r = 0;
+    if (!(*f & QCOW2_BME_IN_USE)) {
+        *f |= QCOW2_BME_IN_USE;
+        r = write_disk_flags(s);
+        if (r < 0) {
+            *f &= ~QCOW2_BME_IN_USE;
+            qk_error_set_errno(err, r, "Could not mark bitmap '%s' in use", bm->name);
+        }
     }
-    *f |= QCOW2_BME_IN_USE;
-    int r = write_disk_flags(s);
-    if (r < 0) {
-        *f &= ~QCOW2_BME_IN_USE;
-        return qk_error_set_errno(err, r, "Could not mark bitmap '%s' in use", bm->name);
-    }
-    return 0;
+    qk_co_mutex_unlock(&s->bm_lock);
+    return r;
 }
 
-int coroutine_fn qcow2_bitmaps_begin_resize(Qcow2State *s, uint64_t new_size, QkError *err)
+/* Before a resize (bm_lock held): every stored bitmap marked in use. */
+static int coroutine_fn mark_all_in_use(Qcow2State *s, QkError *err)
 {
     Qcow2BmDir *d = &s->bm_disk;
-    if (new_size == 0) {
-        bool any = d->n > 0;
-        for (QkDirtyBitmap *bm = s->bs->dirty_bitmaps; bm && !any; bm = bm->next) {
-            any = bm->persistent;
-        }
-        if (any) {
-            /* A stored bitmap's table has at least one entry, and one for
-             * an empty disk would have none: qemu-img would refuse the
-             * image, or lose the bitmaps at close. */
-            return qk_error_set(err, -ENOTSUP, "Cannot make the disk empty: it has persistent bitmaps, which "
-                                "cannot describe an empty disk (remove them first)");
-        }
-    }
-    if (!s->bm_live || !s->bm_disk_flags) {
-        return 0;
-    }
     /* As QEMU refuses: its size would change under a bitmap already
      * known to be out of date. */
     for (uint32_t i = 0; i < d->n; i++) {
@@ -299,6 +286,31 @@ int coroutine_fn qcow2_bitmaps_begin_resize(Qcow2State *s, uint64_t new_size, Qk
         qk_error_set_errno(err, r, "Could not mark the bitmaps in use");
     }
     free(old);
+    return r;
+}
+
+int coroutine_fn qcow2_bitmaps_begin_resize(Qcow2State *s, uint64_t new_size, QkError *err)
+{
+    Qcow2BmDir *d = &s->bm_disk;
+    if (new_size == 0) {
+        bool any = d->n > 0;
+        for (QkDirtyBitmap *bm = s->bs->dirty_bitmaps; bm && !any; bm = bm->next) {
+            any = bm->persistent;
+        }
+        if (any) {
+            /* A stored bitmap's table has at least one entry, and one for
+             * an empty disk would have none: qemu-img would refuse the
+             * image, or lose the bitmaps at close. */
+            return qk_error_set(err, -ENOTSUP, "Cannot make the disk empty: it has persistent bitmaps, which "
+                                "cannot describe an empty disk (remove them first)");
+        }
+    }
+    if (!s->bm_live || !s->bm_disk_flags) {
+        return 0;
+    }
+    qk_co_mutex_lock(&s->bm_lock);
+    int r = mark_all_in_use(s, err);
+    qk_co_mutex_unlock(&s->bm_lock);
     return r;
 }
 
@@ -579,6 +591,118 @@ static int set_extension(Qcow2State *s, uint32_t n, uint64_t size, uint64_t off)
     return 0;
 }
 
+/* Writes a directory of n entries into new clusters and points the
+ * header at it (n == 0: drops the extension and its autoclear bit). The
+ * new clusters and their counts are durable before the header names
+ * them; the header write is flushed. The old directory stays allocated:
+ * the caller frees it, and what only it referred to, once this returns 0. */
+static int coroutine_fn switch_directory(Qcow2State *s, const Qcow2BmEntry *ne, uint32_t n, uint64_t dir_size,
+                                         uint64_t *dir_off, QkError *err)
+{
+    QkBlock *bs = s->bs;
+    int r = 0;
+    *dir_off = 0;
+    if (n) {
+        uint64_t alloc = qk_align_up(dir_size, s->cluster_size);
+        uint8_t *buf = qk_aligned_zalloc(qk_block_buf_align(bs->file), alloc);
+        r = buf ? 0 : -ENOMEM;
+        if (r == 0) {
+            qcow2_bitmap_dir_layout(ne, n, buf);
+            qk_co_mutex_lock(&s->lock);
+            int64_t h = qcow2_alloc_clusters(s, alloc / s->cluster_size);
+            qk_co_mutex_unlock(&s->lock);
+            r = h < 0 ? (int)h : qcow2_co_write_new_meta(s, (uint64_t)h, alloc, buf, 0, QK_REQ_KIND(QK_IO_BITMAP));
+            *dir_off = h < 0 ? 0 : (uint64_t)h;
+        }
+        free(buf);
+        if (r < 0) {
+            return qk_error_set_errno(err, r, "Could not write the bitmap directory");
+        }
+    }
+    qk_co_mutex_lock(&s->lock);
+    r = qcow2_flush_caches(s);
+    qk_co_mutex_unlock(&s->lock);
+    if (r == 0) {
+        r = qk_co_flush(bs->file);
+    }
+    if (r < 0) {
+        return qk_error_set_errno(err, r, "Could not write the bitmaps");
+    }
+    r = set_extension(s, n, dir_size, *dir_off);
+    if (r < 0) {
+        return qk_error_set(err, r, "out of memory");
+    }
+    Qcow2Header h = s->h;
+    if (n) {
+        h.autoclear_features |= QCOW2_AUTOCLEAR_BITMAPS;
+    } else {
+        h.autoclear_features &= ~QCOW2_AUTOCLEAR_BITMAPS;
+    }
+    return qcow2_co_rewrite_header(bs, &h, err);
+}
+
+/* Frees the old directory's clusters, unless they are live metadata. */
+static void free_old_directory(Qcow2State *s, const Qcow2BmDir *d)
+{
+    uint64_t dbytes = qk_align_up(d->size, s->cluster_size);
+    if (d->size && !qcow2_meta_overlap(s, d->off, dbytes, QCOW2_OL_BITMAP_DIR)) {
+        qk_co_mutex_lock(&s->lock);
+        qcow2_free_clusters(s, d->off, dbytes);
+        qk_co_mutex_unlock(&s->lock);
+    }
+}
+
+/* Takes a stored bitmap out of the image now, as QEMU does: a new
+ * directory without its entry (the others with their flags as on disk
+ * now), the header switched to it, then its clusters and the old
+ * directory freed. A crash leaves either the old directory, with the
+ * entry in use if it had changed, or the new one, with at most leaked
+ * clusters. The node's bitmap itself is the caller's to drop. */
+int coroutine_fn qcow2_bitmap_remove_stored(QkBlock *bs, QkDirtyBitmap *bm, QkError *err)
+{
+    Qcow2State *s = qcow2_state(bs);
+    if (!bm->persistent || !bm->disk_slot || !s->bm_live || !s->bm_disk_flags) {
+        return 0; /* nothing stored */
+    }
+    qk_co_mutex_lock(&s->bm_lock);
+    Qcow2BmDir *d = &s->bm_disk;
+    uint32_t gone = bm->disk_slot - 1, n = d->n - 1;
+    Qcow2BmEntry *ne = calloc(n ? n : 1, sizeof(*ne));
+    int r = ne ? 0 : qk_error_set(err, -ENOMEM, "out of memory");
+    uint64_t dir_size = 0, dir_off = 0;
+    for (uint32_t i = 0, k = 0; r == 0 && i < d->n; i++) {
+        if (i != gone) {
+            ne[k] = d->e[i];
+            ne[k].flags = s->bm_disk_flags[i];
+            dir_size += qcow2_bitmap_entry_len(&ne[k++]);
+        }
+    }
+    if (r == 0) {
+        r = switch_directory(s, ne, n, dir_size, &dir_off, err);
+    }
+    free(ne);
+    if (r == 0) {
+        /* Nothing on disk names them now. A failure here leaks, no more. */
+        free_bitmap(s, &d->e[gone]);
+        free_old_directory(s, d);
+        free(d->e[gone].name);
+        free(d->e[gone].extra);
+        memmove(&d->e[gone], &d->e[gone + 1], (n - gone) * sizeof(*d->e));
+        memmove(&s->bm_disk_flags[gone], &s->bm_disk_flags[gone + 1], (n - gone) * sizeof(*s->bm_disk_flags));
+        d->n = n;
+        d->off = dir_off;
+        d->size = n ? dir_size : 0;
+        for (QkDirtyBitmap *o = bs->dirty_bitmaps; o; o = o->next) {
+            if (o->persistent && o->disk_slot > gone + 1) {
+                o->disk_slot--;
+            }
+        }
+        bm->disk_slot = 0;
+    }
+    qk_co_mutex_unlock(&s->bm_lock);
+    return r;
+}
+
 int coroutine_fn qcow2_bitmaps_store(QkBlock *bs, QkError *err)
 {
     Qcow2State *s = qcow2_state(bs);
@@ -649,50 +773,8 @@ int coroutine_fn qcow2_bitmaps_store(QkBlock *bs, QkError *err)
         dir_size += qcow2_bitmap_entry_len(e);
     }
     uint64_t dir_off = 0;
-    if (r == 0 && n) {
-        uint64_t alloc = qk_align_up(dir_size, s->cluster_size);
-        uint8_t *buf = qk_aligned_zalloc(qk_block_buf_align(bs->file), alloc);
-        r = buf ? 0 : -ENOMEM;
-        if (r == 0) {
-            qcow2_bitmap_dir_layout(ne, n, buf);
-            qk_co_mutex_lock(&s->lock);
-            int64_t h = qcow2_alloc_clusters(s, alloc / s->cluster_size);
-            qk_co_mutex_unlock(&s->lock);
-            r = h < 0 ? (int)h : qcow2_co_write_new_meta(s, (uint64_t)h, alloc, buf, 0, QK_REQ_KIND(QK_IO_BITMAP));
-            dir_off = h < 0 ? 0 : (uint64_t)h;
-        }
-        free(buf);
-        if (r < 0) {
-            qk_error_set_errno(err, r, "Could not write the bitmap directory");
-        }
-    }
-    /* The new clusters and their counts are durable before the header
-     * points at them. */
     if (r == 0) {
-        qk_co_mutex_lock(&s->lock);
-        r = qcow2_flush_caches(s);
-        qk_co_mutex_unlock(&s->lock);
-        if (r == 0) {
-            r = qk_co_flush(bs->file);
-        }
-        if (r < 0) {
-            qk_error_set_errno(err, r, "Could not write the bitmaps");
-        }
-    }
-    if (r == 0) {
-        r = set_extension(s, n, dir_size, dir_off);
-        if (r < 0) {
-            qk_error_set(err, r, "out of memory");
-        }
-    }
-    if (r == 0) {
-        Qcow2Header h = s->h;
-        if (n) {
-            h.autoclear_features |= QCOW2_AUTOCLEAR_BITMAPS;
-        } else {
-            h.autoclear_features &= ~QCOW2_AUTOCLEAR_BITMAPS;
-        }
-        r = qcow2_co_rewrite_header(bs, &h, err);
+        r = switch_directory(s, ne, n, dir_size, &dir_off, err);
     }
     if (r == 0) {
         /* The header names the new directory: the old one and what only
@@ -702,12 +784,7 @@ int coroutine_fn qcow2_bitmaps_store(QkBlock *bs, QkError *err)
                 free_bitmap(s, &d->e[i]);
             }
         }
-        uint64_t dbytes = qk_align_up(d->size, s->cluster_size);
-        if (d->size && !qcow2_meta_overlap(s, d->off, dbytes, QCOW2_OL_BITMAP_DIR)) {
-            qk_co_mutex_lock(&s->lock);
-            qcow2_free_clusters(s, d->off, dbytes);
-            qk_co_mutex_unlock(&s->lock);
-        }
+        free_old_directory(s, d);
         /* What is stored now is the baseline for the next store: the
          * entries get their own copies before the old ones go. */
         for (uint32_t i = 0; i < n; i++) {

@@ -171,6 +171,7 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
     s->compress_level = opts->compress_level;
     qk_co_mutex_init(&s->lock);
     qk_co_mutex_init(&s->grow_lock);
+    qk_co_mutex_init(&s->bm_lock);
 
     uint8_t *c0 = NULL;
     uint64_t flen;
@@ -493,4 +494,5 @@ const QkBlockDriver qk_drv_qcow2 = {
     .co_amend = qcow2_co_amend,
     .bitmap_can_store = qcow2_bitmap_can_store,
     .co_bitmap_begin_change = qcow2_bitmap_begin_change,
+    .co_bitmap_remove = qcow2_bitmap_remove_stored,
 };

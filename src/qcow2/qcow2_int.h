@@ -227,6 +227,7 @@ struct Qcow2State {
     Qcow2BmDir bm_disk;         /* the directory as loaded by a read-write open (bitmaps.c) */
     bool bm_live;               /* the node's persistent bitmaps are stored on close */
     uint32_t *bm_disk_flags;    /* each stored entry's flags as on disk now (in use or not) */
+    QkCoMutex bm_lock;          /* one change of the stored directory at a time */
     uint8_t *feature_table;     /* raw feature name table, or NULL */
     uint32_t feature_table_len;
 
@@ -385,6 +386,7 @@ void qcow2_bitmap_dir_layout(const Qcow2BmEntry *e, uint32_t n, uint8_t *buf);
 int coroutine_fn qcow2_bitmaps_open(QkBlock *bs, QkError *err);
 int coroutine_fn qcow2_bitmaps_store(QkBlock *bs, QkError *err);
 int qcow2_bitmap_can_store(QkBlock *bs, const char *name, uint64_t granularity, QkError *err);
+int coroutine_fn qcow2_bitmap_remove_stored(QkBlock *bs, struct QkDirtyBitmap *bm, QkError *err);
 /* Before the virtual size changes to new_size: refuses when a stored
  * bitmap is in use (out of date), or when the new size is 0 and the image
  * has persistent bitmaps (none can describe an empty disk); else marks

@@ -7,8 +7,9 @@
 # read-write export show up in the live bitmap at once and are in the
 # image after the server stops; the control socket adds a persistent
 # bitmap while serving, and enabling a stored one marks it in use on disk
-# before any write (a SIGKILL leaves it flagged), and so does removing a
-# stored one; qemu:allocation-depth over
+# before any write (a SIGKILL leaves it flagged), and removing a stored
+# one takes it out of the image at once (every crash state of that
+# removal's write log checked); qemu:allocation-depth over
 # a backing chain as qemu-nbd -A reports it. Plain and ASan builds.
 # Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/nbd-lib.bash"
@@ -82,10 +83,11 @@ for build in "$QK_PLAIN" "$QK_ASAN"; do
   grep -B1 -A3 "in-use" info.txt | grep -q "name: b1" || { bad "$build: b1 not in use after SIGKILL"; cat info.txt; }
   qemu-img check -q ctl.qcow2 >/dev/null 2>&1; rc=$?
   [ $rc = 0 ] || [ $rc = 3 ] || bad "$build: check after SIGKILL exited $rc"
-  # Removing a stored (disabled) bitmap while serving marks it in use on
-  # disk first. It used to stay as saved until the store at close: with a
-  # bitmap of the same name added and written after it, a SIGKILL brought
-  # the old one back flagged as saved, reporting the write as clean.
+  # Removing a stored bitmap while serving takes it out of the image at
+  # once, as qemu-storage-daemon does. It used to stay as saved until the
+  # store at close: with a bitmap of the same name added and written after
+  # it, a SIGKILL brought the old one back flagged as saved, reporting the
+  # write as clean.
   qemu-img create -q -f qcow2 rmk.qcow2 64M
   qemu-img bitmap --add --disable rmk.qcow2 d
   start_serve "$build" pid --export name=vm0,file=rmk.qcow2 --socket "$work/s.sock" --control "$work/c.sock"
@@ -94,12 +96,105 @@ for build in "$QK_PLAIN" "$QK_ASAN"; do
   qemu-io -f raw -c 'write -P 2 8M 1M' -c flush "$u" >/dev/null || bad "$build: write over NBD"
   kill -KILL "$SERVE_PID"; wait "$SERVE_PID" 2>/dev/null
   qemu-img info rmk.qcow2 >info.txt
-  if grep -q "name: d" info.txt; then
-    grep -B1 -A3 "in-use" info.txt | grep -q "name: d" || { bad "$build: the removed bitmap came back as saved"; cat info.txt; }
-  fi
+  grep -q "name: d" info.txt && { bad "$build: the removed bitmap is still in the image"; cat info.txt; }
   qemu-img check -q rmk.qcow2 >/dev/null 2>&1; rc=$?
   [ $rc = 0 ] || [ $rc = 3 ] || bad "$build: check after SIGKILL exited $rc"
+  # The middle one of three, with the first enabled and written: the
+  # others keep their order, contents and flags on disk (the written one
+  # in use), through a SIGKILL and through a clean stop.
+  for stop in kill clean; do
+    qemu-img create -q -f qcow2 rm3.qcow2 64M
+    qemu-io -c 'write -P 1 0 1M' rm3.qcow2 >/dev/null
+    qemu-img bitmap --add rm3.qcow2 a
+    qemu-img bitmap --add --disable rm3.qcow2 m
+    qemu-img bitmap --add --disable rm3.qcow2 z
+    qemu-io -c 'write -P 3 4M 64k' rm3.qcow2 >/dev/null
+    start_serve "$build" pid --export name=vm0,file=rm3.qcow2 --socket "$work/s.sock" --control "$work/c.sock"
+    qemu-io -f raw -c 'write -P 4 16M 64k' -c flush "$u" >/dev/null || bad "$build: write over NBD"
+    ctl block-dirty-bitmap-remove export=vm0 name=m
+    if [ $stop = kill ]; then
+      kill -KILL "$SERVE_PID"; wait "$SERVE_PID" 2>/dev/null
+    else
+      stop_serve "$SERVE_PID"
+    fi
+    qemu-img info --output=json rm3.qcow2 >info.json
+    python3 - "$stop" <<'PY' || bad "$build: $stop: the bitmaps left after removing the middle one"
+import json, sys
+bms = json.load(open("info.json"))["format-specific"]["data"].get("bitmaps", [])
+got = [(b["name"], sorted(b["flags"])) for b in bms]
+a = ["auto", "in-use"] if sys.argv[1] == "kill" else ["auto"]
+want = [("a", a), ("z", [])]
+if got != want:
+    sys.exit("%s: %r, expected %r" % (sys.argv[1], got, want))
+PY
+    qemu-img check -q rm3.qcow2 >/dev/null 2>&1; rc=$?
+    [ $rc = 0 ] || [ $rc = 3 ] || bad "$build: $stop: check after removing the middle bitmap exited $rc"
+    if [ $stop = clean ]; then
+      [ $rc = 0 ] || bad "$build: clean stop after removing a bitmap left check exit $rc"
+      qemu_map a rm3.qcow2 >a.map
+      grep -q "^  *16777216 .*dirty" a.map || { bad "$build: a lost the write made while serving"; cat a.map; }
+      grep -q "^  *4194304 .*dirty" a.map || { bad "$build: a lost the write made before"; cat a.map; }
+      qemu_map z rm3.qcow2 >z.map
+      grep -q "dirty" z.map && { bad "$build: z (disabled, empty) has dirty ranges"; cat z.map; }
+    fi
+  done
 done
+
+# Every crash state of a removal while serving (the write log replayed as
+# tests/crash does): qemu-img check accepts it, the image holds either the
+# three bitmaps or the two kept, the disabled one is never in use, and the
+# enabled one, when not in use, has the write made while serving.
+qemu-img create -q -f qcow2 wl.qcow2 64M
+qemu-img bitmap --add wl.qcow2 a
+qemu-img bitmap --add --disable wl.qcow2 m
+qemu-img bitmap --add --disable wl.qcow2 z
+cp wl.qcow2 wl-init.qcow2
+QCOWKIT_LOG_WRITES=$work/w.log start_serve "$QK_PLAIN" pid --export name=vm0,file=wl.qcow2 --socket "$work/s.sock" --control "$work/c.sock"
+qemu-io -f raw -c 'write -P 4 16M 64k' -c flush "$u" >/dev/null || bad "write over NBD (write log)"
+"$QK_PLAIN" ctl "$work/c.sock" block-dirty-bitmap-remove export=vm0 name=m >ctl.out 2>&1 || { bad "remove (write log)"; cat ctl.out; }
+stop_serve "$SERVE_PID"
+python3 - "$SRC_DIR/tests/crash" <<'PY' || bad "crash states of a bitmap removal"
+import json, os, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+import replay, wlog
+def run(*c):
+    p = subprocess.run(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return p.returncode, p.stdout
+recs = wlog.records_for(wlog.read_log("w.log"), os.path.abspath("wl.qcow2"))
+init = open("wl-init.qcow2", "rb").read()
+states = failed = removed = 0
+for st, data in replay.states(init, recs, 1, 8):
+    states += 1
+    open("s.qcow2", "wb").write(data)
+    why = None
+    rc, out = run("qemu-img", "check", "s.qcow2")
+    if rc not in (0, 3):
+        why = "check exit %d: %s" % (rc, out.strip()[-400:])
+    else:
+        rc, out = run("qemu-img", "info", "--output=json", "s.qcow2")
+        bms = json.loads(out)["format-specific"]["data"].get("bitmaps", []) if rc == 0 else None
+        names = [b["name"] for b in bms or []]
+        flags = {b["name"]: b["flags"] for b in bms or []}
+        removed += names == ["a", "z"]
+        if names not in (["a", "m", "z"], ["a", "z"]):
+            why = "bitmaps %r" % names
+        elif "in-use" in flags["z"]:
+            why = "z in use"
+        elif "in-use" not in flags["a"]:
+            rc, out = run("qemu-io", "-r", "-f", "qcow2", "-c", "read -P 4 16M 64k", "s.qcow2")
+            if rc == 0 and "verification failed" not in out:
+                rc, out = run("nbdinfo", "--map=qemu:dirty-bitmap:a", "--", "[", "qemu-nbd", "-r", "-f",
+                              "qcow2", "-B", "a", "s.qcow2", "]")
+                if not any(l.split()[0] == "16777216" and "dirty" in l for l in out.splitlines()):
+                    why = "a saved without the write at 16M:\n" + out
+    if why:
+        failed += 1
+        if failed <= 3:
+            print("crash state at record %d (durable %d): %s" % (st.point, st.durable, why))
+if states < 5 or not removed:
+    sys.exit("only %d crash states, %d with m removed" % (states, removed))
+sys.exit(1 if failed else 0)
+PY
 
 # A bitmap a client has selected is busy while the client is connected,
 # as an exported bitmap is in QEMU: remove, clear and disable are refused
