@@ -138,7 +138,7 @@ static int coroutine_fn copy_range(Backup *b, uint64_t off, uint64_t bytes, QkEr
         } else {
             pnum = QK_MIN(pnum, MAX_OP);
             if (!buf) {
-                buf = qk_aligned_alloc(b->buf_align, (size_t)qk_align_up(MAX_OP, b->buf_align));
+                buf = qk_buf_slots_get(&b->bufs);
                 if (!buf) {
                     r = qk_error_set(err, -ENOMEM, "out of memory");
                     break;
@@ -156,7 +156,7 @@ static int coroutine_fn copy_range(Backup *b, uint64_t off, uint64_t bytes, QkEr
         }
         off += pnum;
     }
-    free(buf);
+    qk_buf_slots_put(&b->bufs, buf);
     return r;
 }
 
@@ -390,6 +390,7 @@ static int coroutine_fn backup_run(QkJob *job, QkError *err)
     b->hook_installed = false;
     bitmap_end(b, r == 0);
     qk_block_quiesce_end(b->src);
+    qk_buf_slots_release(&b->bufs); /* a job never dismissed keeps no buffers */
     return r;
 }
 
@@ -401,6 +402,7 @@ static void backup_free(QkJob *job)
     }
     bitmap_end(b, false);
     qk_task_pool_free(b->pool);
+    qk_buf_slots_destroy(&b->bufs);
     free(b->todo);
     free(b->busy);
     free(b);
@@ -519,10 +521,12 @@ QkJob *coroutine_fn qk_backup_start(const char *id, QkBlock *source, QkBlock *ta
     b->buf_align = QK_MAX(qk_block_buf_align(source), qk_block_buf_align(target));
     qk_co_queue_init(&b->busy_waiters);
     qk_co_queue_init(&b->snap_waiters);
-    if (!b->todo || !b->busy || !b->pool) {
+    int br = qk_buf_slots_init(&b->bufs, b->buf_align, MAX_OP, IN_FLIGHT);
+    if (!b->todo || !b->busy || !b->pool || br < 0) {
         free(b->todo);
         free(b->busy);
         qk_task_pool_free(b->pool);
+        qk_buf_slots_destroy(&b->bufs);
         free(b);
         qk_error_set(err, -ENOMEM, "out of memory");
         return unpin(bm);
@@ -531,6 +535,7 @@ QkJob *coroutine_fn qk_backup_start(const char *id, QkBlock *source, QkBlock *ta
         free(b->todo);
         free(b->busy);
         qk_task_pool_free(b->pool);
+        qk_buf_slots_destroy(&b->bufs);
         free(b);
         return unpin(bm);
     }

@@ -7,6 +7,7 @@
 
 #include "jobs/backup.h"
 #include "aio/task_pool.h"
+#include "util/buf_slots.h"
 #include "block/dirty_bitmap.h"
 
 /* A read of the point in time that takes chunks from the source: a
@@ -31,6 +32,7 @@ typedef struct Backup {
     QkTaskPool *pool;
     QkError err;                 /* first failed copy */
     size_t buf_align;
+    QkBufSlots bufs;             /* copy buffers of MAX_OP bytes, IN_FLIGHT of them */
     QkBackupStats st;
     /* The point-in-time view (backup_snapshot.c). */
     bool snapshot_gone;          /* the job is ending: the view reads nothing more */

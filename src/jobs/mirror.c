@@ -20,6 +20,7 @@
 #include "aio/task_pool.h"
 #include "block/dirty_bitmap.h"
 #include "common/checked.h"
+#include "util/buf_slots.h"
 #include "util/names.h"
 
 #include <stdlib.h>
@@ -84,14 +85,9 @@ struct Mirror {
     uint64_t pass_start_dirty;    /* and its dirty bytes */
     uint64_t bulk_cursor;
     uint64_t in_flight_bytes;
-    /* Copy buffers of max_op bytes, kept for the job's life: a fresh
-     * allocation per chunk is an mmap whose every page faults in during
-     * the read and whose munmap shoots down TLBs on every CPU, which cost
-     * more than the copy itself. At most max_in_flight exist. */
-    void **bufs;        /* free slots of region */
-    int nbufs;
-    void *region;       /* max_in_flight slots (see buf_get) */
-    int region_out;     /* slots in use */
+    /* Copy buffers of max_op bytes, at most max_in_flight of them, kept
+     * while the job runs (see util/buf_slots.c). */
+    QkBufSlots bufs;
     QkError err;                  /* first copy error */
     QkMirrorStats st;
 };
@@ -210,60 +206,6 @@ static int coroutine_fn copy_zeroes(Mirror *m, uint64_t off, uint64_t bytes)
     return 0;
 }
 
-/* The copy buffers are slots of one qk_io_buf_alloc() region, allocated
- * on first use: in transparent huge pages a direct request reaches the
- * disk whole, where 1 MiB buffers allocated one by one sat on scattered
- * 4 KiB pages and their requests were split. A buffer beyond the
- * region's slots (none is expected) is allocated on its own. */
-static size_t slot_size(const Mirror *m)
-{
-    return (size_t)qk_align_up(m->max_op, m->buf_align);
-}
-
-static bool in_region(const Mirror *m, const void *buf)
-{
-    const char *p = buf, *r = m->region;
-    return r && p >= r && p < r + slot_size(m) * (size_t)m->o.max_in_flight;
-}
-
-static void *buf_get(Mirror *m)
-{
-    if (!m->region && m->nbufs == 0) {
-        m->region = qk_io_buf_alloc(m->buf_align, slot_size(m) * (size_t)m->o.max_in_flight);
-        for (int i = m->o.max_in_flight - 1; m->region && i >= 0; i--) {
-            m->bufs[m->nbufs++] = (char *)m->region + (size_t)i * slot_size(m);
-        }
-        m->region_out = 0;
-    }
-    if (m->nbufs > 0) {
-        void *buf = m->bufs[--m->nbufs];
-        m->region_out += in_region(m, buf);
-        return buf;
-    }
-    return qk_aligned_alloc(m->buf_align, slot_size(m));
-}
-
-static void buf_put(Mirror *m, void *buf)
-{
-    if (buf && in_region(m, buf)) {
-        m->bufs[m->nbufs++] = buf;
-        m->region_out--;
-    } else {
-        free(buf);
-    }
-}
-
-/* A finished job keeps no memory: the region goes once every slot is
- * back. */
-static void bufs_release(Mirror *m)
-{
-    if (m->region && m->region_out == 0) {
-        free(m->region);
-        m->region = NULL;
-        m->nbufs = 0;
-    }
-}
-
 static int coroutine_fn copy_op(MirrorOp *op)
 {
     Mirror *m = op->m;
@@ -289,7 +231,7 @@ static int coroutine_fn copy_op(MirrorOp *op)
              * written since it was queued: copy such data in pieces. */
             pnum = QK_MIN(pnum, m->max_op);
             if (!buf) {
-                buf = buf_get(m);
+                buf = qk_buf_slots_get(&m->bufs);
                 if (!buf) {
                     r = qk_error_set(&m->err, -ENOMEM, "out of memory");
                     break;
@@ -311,7 +253,7 @@ static int coroutine_fn copy_op(MirrorOp *op)
             pos += pnum;
         }
     }
-    buf_put(m, buf);
+    qk_buf_slots_put(&m->bufs, buf);
     return r;
 }
 
@@ -720,7 +662,7 @@ static int coroutine_fn mirror_run(QkJob *job, QkError *err)
         qk_block_quiesce_end(m->src);
     }
     update_progress(m);
-    bufs_release(m); /* a finished job that is never dismissed keeps no memory */
+    qk_buf_slots_release(&m->bufs); /* a finished job that is never dismissed keeps no memory */
     /* From here on the job holds nothing on either node: the caller may
      * close them as soon as it learns that the job has finished. */
     release_bitmap(m);
@@ -742,8 +684,7 @@ static void mirror_free(QkJob *job)
     Mirror *m = (Mirror *)job;
     release_bitmap(m); /* only when the job never ran */
     qk_task_pool_free(m->pool);
-    bufs_release(m);
-    free(m->bufs);
+    qk_buf_slots_destroy(&m->bufs);
     free(m);
 }
 
@@ -850,13 +791,13 @@ QkJob *qk_mirror_start(const char *id, QkBlock *source, QkBlock *target,
                        m->gran);
     m->buf_align = QK_MAX(qk_block_buf_align(source), qk_block_buf_align(target));
     m->pool = qk_task_pool_new(o.max_in_flight);
-    m->bufs = calloc((size_t)o.max_in_flight, sizeof(*m->bufs));
-    if (!m->pool || !m->bufs || qk_job_init(&m->job, &mirror_driver, id, err) < 0) {
-        if (!m->pool || !m->bufs) {
+    int br = qk_buf_slots_init(&m->bufs, m->buf_align, m->max_op, o.max_in_flight);
+    if (!m->pool || br < 0 || qk_job_init(&m->job, &mirror_driver, id, err) < 0) {
+        if (!m->pool || br < 0) {
             qk_error_set(err, -ENOMEM, "out of memory");
         }
         qk_task_pool_free(m->pool);
-        free(m->bufs);
+        qk_buf_slots_destroy(&m->bufs);
         free(m);
         return NULL;
     }
