@@ -179,7 +179,9 @@ static int coroutine_fn do_read(Req *q, QkBlock *bs)
         struct iovec iov = {h, sizeof(h)};
         return send_iov(c, &iov, 1);
     }
-    uint8_t *buf = qk_aligned_alloc(qk_block_buf_align(bs), r->length);
+    /* Large requests in huge pages (util/iov.c): from scattered 4 KiB
+     * pages a direct read of several MiB reached the disk in pieces. */
+    uint8_t *buf = qk_io_buf_alloc(qk_block_buf_align(bs), r->length);
     if (!buf) {
         return send_error(c, r, -ENOMEM);
     }
@@ -450,7 +452,7 @@ static int coroutine_fn read_payload(QkNbdClient *c, Req *q)
     if (q->r.length == 0) {
         return 0;
     }
-    q->buf = qk_aligned_alloc(qk_block_buf_align(c->exp->bs), q->r.length);
+    q->buf = qk_io_buf_alloc(qk_block_buf_align(c->exp->bs), q->r.length);
     if (!q->buf) {
         q->early_error = -ENOMEM;
         return qk_co_sock_skip(c->rd, q->r.length);
