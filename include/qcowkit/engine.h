@@ -601,7 +601,8 @@ int coroutine_fn qk_co_rebase_copy(QkBlock *top, QkBlock *new_backing, const QkR
 /* Handles [off, off+len) with buf (buf_size bytes); 0 or -errno. May yield. */
 typedef int coroutine_fn QkSliceFn(void *opaque, uint64_t off, uint64_t len, void *buf);
 /* Runs fn over [0, size) in slices of slice bytes with workers (1..64)
- * coroutines, each given a buffer of buf_size bytes aligned to align.
+ * coroutines, each given a buffer of buf_size bytes aligned to align (a
+ * power of two; -EINVAL otherwise).
  * Returns the first error, after every worker has stopped. */
 int coroutine_fn qk_co_run_slices(uint64_t size, uint64_t slice, int workers, size_t buf_size,
                                   size_t align, QkSliceFn *fn, void *opaque);
