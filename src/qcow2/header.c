@@ -76,6 +76,10 @@ int coroutine_fn qcow2_read_header(QkBlock *file, Qcow2Header *h, uint8_t **clus
     if (h->magic != QCOW2_MAGIC) {
         return qk_error_set(err, -EINVAL, "Image is not in qcow2 format");
     }
+    if (h->version == 1) {
+        return qk_error_set(err, -ENOTSUP, "QCOW version 1 images are not supported "
+                            "('qemu-img convert -O qcow2' makes a qcow2 copy)");
+    }
     if (h->version < 2 || h->version > 3) {
         return qk_error_set(err, -ENOTSUP, "Unsupported qcow2 version %u", h->version);
     }

@@ -17,9 +17,12 @@
 #define MIN_L2_CACHE 2u
 #define MIN_RB_CACHE 4u
 
+/* Version 1 is QCOW's first format, which this driver claims only to
+ * refuse it: probed as raw, a write would have changed the image under
+ * its own metadata. (Version 0 is no QCOW: raw, as QEMU probes it.) */
 static int qcow2_probe(const uint8_t *buf, size_t len)
 {
-    return len >= 8 && memcmp(buf, "QFI\xfb", 4) == 0 && qk_be32_get(buf + 4) >= 2 ? 100 : 0;
+    return len >= 8 && memcmp(buf, "QFI\xfb", 4) == 0 && qk_be32_get(buf + 4) >= 1 ? 100 : 0;
 }
 
 bool qk_block_is_qcow2(const QkBlock *bs)
@@ -140,6 +143,26 @@ int coroutine_fn qcow2_flush_caches(Qcow2State *s)
 }
 
 /* Rebuilds refcounts left stale by a crash with lazy refcounts on. */
+/* Before a read-write open: a refcount block the table places past the
+ * end of the file would fail the first allocation that needs it, after
+ * the open had already marked the bitmaps in use, or half way through a
+ * command (qemu-img reads it as zeros and goes on, handing out clusters
+ * in use). Refused up front instead; a dirty image is repaired first,
+ * and check -r all rebuilds the structure. An unaligned block is left
+ * to its first use, which marks the image corrupt as QEMU does. */
+static int check_refcount_table(Qcow2State *s, uint64_t flen, QkError *err)
+{
+    for (uint64_t i = 0; i < s->rt_size; i++) {
+        uint64_t off = s->rt[i] & QCOW2_REFT_OFFSET_MASK;
+        if (off && qk_is_aligned(off, s->cluster_size) && !qk_range_within(off, s->cluster_size, flen)) {
+            return qk_error_corrupt(err, "refcount table entry %" PRIu64 " is invalid (%#" PRIx64 "): the refcount "
+                                    "block lies past the end of the file; the image can be opened read-only "
+                                    "('check -r all' repairs it)", i, s->rt[i]);
+        }
+    }
+    return 0;
+}
+
 static int coroutine_fn repair_dirty(QkBlock *bs, QkError *err)
 {
     Qcow2State *s = qcow2_state(bs);
@@ -220,6 +243,12 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
     if (r < 0) {
         qk_error_set_errno(err, r, "Could not read the refcount table");
         goto fail;
+    }
+    if (!bs->read_only && !(opts->flags & QK_OPEN_CHECK) && !(s->h.incompatible_features & QCOW2_INCOMPAT_DIRTY)) {
+        r = check_refcount_table(s, flen, err);
+        if (r < 0) {
+            goto fail;
+        }
     }
 
     uint64_t l2_entries, rb_entries;

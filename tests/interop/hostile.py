@@ -995,7 +995,8 @@ def run_new_metadata_over_snapshot_l1(qcowkit, work, env):
 # more errors afterwards. A shrink dropping a cluster whose refcount is
 # already 0 goes on (the reference goes, which is what the count said);
 # a grow with metadata preallocation whose refcount block lies past the
-# end of the file fails (qemu-img reads that block as zeros and goes on).
+# end of the file is refused at the open (qemu-img reads that block as
+# zeros and goes on).
 def run_refcount_damage_named(qcowkit, work, env):
     fails = 0
     path = os.path.join(work, "rcmsg.qcow2")
@@ -1003,7 +1004,8 @@ def run_refcount_damage_named(qcowkit, work, env):
                                  "Cannot free cluster %#x: its refcount is already 0", 0),
                                 ("a refcount block past the end of the file", ["resize", "--preallocation=metadata",
                                                                               path, "+2M"],
-                                 "Refcount block at 0x10000000000 extends past the end of the file", 1)):
+                                 "refcount table entry 0 is invalid (0x10000000000): the refcount block lies "
+                                 "past the end of the file", 1)):
         new_image(path, "64M", ["write -P 0x11 0 256k", "write -P 0x22 48M 64k"])
         with open(path, "r+b") as f:
             img = bytearray(f.read())
@@ -1240,6 +1242,71 @@ def run_deep_chain(qcowkit, work, env):
     sh(["rm", "-rf", d])
     return 0 if ok else 1
 
+# A refcount table entry past the end of the file: a read-write open is
+# refused before anything is written. `bitmap --add` used to mark every
+# stored bitmap in use and `resize` to write the new size into the header
+# before the first allocation failed on the missing block (qemu-img goes
+# on: it grows the file to 2 TiB and loses the bitmaps). Reading still
+# works, and check -r all repairs it, after which resize works.
+def run_refcount_block_past_eof(qcowkit, work, env):
+    path = os.path.join(work, "rbeof.qcow2")
+    new_image(path, "64M", ["write -P 0x11 0 256k"])
+    sh(["qemu-img", "bitmap", "--add", path, "b1"])
+    img = bytearray(open(path, "rb").read())
+    rt = struct.unpack_from(">Q", img, 48)[0]
+    be("Q", img, rt, struct.unpack_from(">Q", img, rt)[0] | (1 << 41))
+    fails = []
+    for cmd in (["bitmap", "--add", path, "nb"], ["resize", path, "+1M"], ["io", "-c", "write 0 4k", path]):
+        open(path, "wb").write(img)
+        k = subprocess.run([qcowkit] + cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if (k.returncode != 1 or open(path, "rb").read() != bytes(img) or
+                "refcount table entry 0 is invalid" not in k.stdout or "Sanitizer" in k.stdout):
+            fails.append("%s: exit %d, %s, %s" % (cmd[0], k.returncode, "unchanged" if open(path, "rb").read()
+                                                   == bytes(img) else "changed", k.stdout.strip()[-300:]))
+    rd = subprocess.run([qcowkit, "io", "-r", "-c", "read -P 0x11 0 256k", path], env=env,
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if rd.returncode != 0 or "verification failed" in rd.stdout:
+        fails.append("read-only read: " + rd.stdout.strip()[-300:])
+    fix = subprocess.run([qcowkit, "check", "-r", "all", path], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    rs = subprocess.run([qcowkit, "resize", path, "+1M"], env=env, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True)
+    if fix.returncode != 0 or rs.returncode != 0 or sh(["qemu-img", "check", path]).returncode != 0:
+        fails.append("check -r all exit %d, then resize exit %d: %s" % (fix.returncode, rs.returncode,
+                                                                       rs.stdout.strip()[-300:]))
+    print("%s refcount table entry past the end: read-write opens refused unchanged, check -r repairs" %
+          ("FAIL" if fails else "ok  "))
+    for f in fails:
+        print("     " + f)
+    return 1 if fails else 0
+
+# QCOW version 1 (the magic with version 1) is QCOW's first format. It used
+# to be probed as raw: info said raw, convert copied the file's bytes and
+# resize grew it (qemu-img opens it with its qcow driver). Now every
+# command refuses it by name, the file unchanged; -f raw still opens it.
+def run_qcow_version1(qcowkit, work, env):
+    path = os.path.join(work, "v1.qcow2")
+    new_image(path, "4M", ["write -P 0x11 0 64k"])
+    img = bytearray(open(path, "rb").read())
+    be("I", img, 4, 1)
+    open(path, "wb").write(img)
+    fails = []
+    for cmd in (["info", path], ["map", path], ["check", path], ["resize", path, "+1M"],
+                ["convert", "-O", "raw", path, os.path.join(work, "v1.raw")], ["io", "-c", "write 0 4k", path]):
+        k = subprocess.run([qcowkit] + cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if k.returncode != 1 or "QCOW version 1 images are not supported" not in k.stdout:
+            fails.append("%s: exit %d: %s" % (cmd[0], k.returncode, k.stdout.strip()[-300:]))
+    if open(path, "rb").read() != bytes(img):
+        fails.append("the file changed")
+    raw = subprocess.run([qcowkit, "info", "-f", "raw", path], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    if raw.returncode != 0 or "file format: raw" not in raw.stdout:
+        fails.append("-f raw: exit %d: %s" % (raw.returncode, raw.stdout.strip()[-300:]))
+    print("%s QCOW version 1 refused by every command, not probed as raw" % ("FAIL" if fails else "ok  "))
+    for f in fails:
+        print("     " + f)
+    return 1 if fails else 0
+
 def main():
     qcowkit, work = sys.argv[1], sys.argv[2]
     base = make_base(work)
@@ -1330,6 +1397,8 @@ def main():
     fails += run_snapshot_delete_cut_table(qcowkit, work, env)
     fails += run_snapshot_delete_active_table_cut(qcowkit, work, env)
     fails += run_snapshot_delete_tree_on_metadata(qcowkit, work, env)
+    fails += run_refcount_block_past_eof(qcowkit, work, env)
+    fails += run_qcow_version1(qcowkit, work, env)
     ncomp, cfails = run_compressed(qcowkit, work, env)
     fails += cfails
     nbm, bfails = run_bitmap_dir_damage(qcowkit, work, env)
