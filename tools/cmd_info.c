@@ -229,6 +229,11 @@ static int run(int argc, char **argv)
                             "now considered inconsistent\nSome clusters may be leaked, run '%s check -r' on the "
                             "image file to fix.\n", qk_progname, qk_progname);
         }
+        if (qk_block_bitmaps_problem(bs)) {
+            /* qemu-img refuses to open such an image at all. */
+            fprintf(stderr, "%s: warning: the persistent bitmaps of '%s' cannot be used: %s\n", qk_progname, name,
+                    qk_block_bitmaps_problem(bs));
+        }
         SnapList sl;
         if (list_snapshots(bs, &sl) < 0) {
             qk_tool_error("Could not read the snapshot table of '%s': %s", name, sl.err.msg);

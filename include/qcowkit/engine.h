@@ -346,6 +346,9 @@ bool qk_block_format_probed(const QkBlock *bs);
  * would have overwritten its own metadata, or an L2 entry cannot be
  * followed; a writable image is then marked corrupt), or NULL. */
 const char *qk_block_corrupt_reason(const QkBlock *bs);
+/* Why the image's stored dirty bitmaps cannot be used (a damaged bitmap
+ * directory or entry, which a read-write open refuses), or NULL. */
+const char *qk_block_bitmaps_problem(const QkBlock *bs);
 /* Called once per image when it is found corrupt, with the reason in
  * QEMU's words; marked: the image is writable, so it gets the header's
  * corrupt bit. For a tool to say it as qemu-img does. Process-wide: set it

@@ -117,8 +117,20 @@ int coroutine_fn qcow2_bitmap_dir_read(Qcow2State *s, Qcow2BmDir *d, const char 
         }
         uint32_t n = qk_be32_get(x->data);
         uint64_t len = qk_be64_get(x->data + 8), off = qk_be64_get(x->data + 16);
-        if (n == 0 || n > MAX_BITMAPS || len > MAX_DIR_BYTES || len < (uint64_t)n * BME_FIXED ||
-            !qk_is_aligned(off, s->cluster_size) || !qk_range_within(off, len, s->file_size)) {
+        if (n == 0) {
+            *why = "bitmaps_ext: found bitmaps extension with zero bitmaps";
+        } else if (n > MAX_BITMAPS) {
+            *why = "bitmaps_ext: Image has more bitmaps than the supported maximum of 65535";
+        } else if (len > MAX_DIR_BYTES) {
+            *why = "bitmaps_ext: Bitmap directory is too large";
+        } else if (len < (uint64_t)n * BME_FIXED) {
+            *why = "bitmaps_ext: Bitmap directory is too small for its bitmaps";
+        } else if (!qk_is_aligned(off, s->cluster_size)) {
+            *why = "bitmaps_ext: Invalid bitmap directory offset";
+        } else if (!qk_range_within(off, len, s->file_size)) {
+            *why = "bitmaps_ext: the bitmap directory lies past the end of the file";
+        }
+        if (*why) {
             return -QK_ECORRUPT;
         }
         uint8_t *dir = malloc(len);
@@ -162,8 +174,23 @@ int coroutine_fn qcow2_bitmaps_load_list(Qcow2State *s)
     Qcow2BmDir d;
     const char *why;
     int r = qcow2_bitmap_dir_read(s, &d, &why);
+    if (r == -QK_ECORRUPT) {
+        /* Read-only users go on without the bitmaps; info says why. */
+        s->bitmaps_problem = strdup(why ? why : "the bitmap directory is invalid");
+    }
     if (r < 0 || d.n == 0) {
         return r;
+    }
+    for (uint32_t i = 0; i < d.n && !s->bitmaps_problem; i++) {
+        QkError e = {0};
+        for (uint32_t j = 0; j < i && !e.code; j++) {
+            if (strcmp(d.e[j].name, d.e[i].name) == 0) {
+                qk_error_set(&e, -QK_ECORRUPT, "bitmap name '%s' appears more than once", d.e[i].name);
+            }
+        }
+        if (e.code || qcow2_bitmap_check_entry(s, &d.e[i], false, &e) < 0) {
+            s->bitmaps_problem = strdup(e.msg);
+        }
     }
     s->bitmaps = calloc(d.n, sizeof(*s->bitmaps));
     if (!s->bitmaps) {

@@ -176,21 +176,24 @@ static int coroutine_fn load_data(Qcow2State *s, const Qcow2BmEntry *e, const ui
     return r;
 }
 
+#define RO_HINT "; open the image read-only"
+
 /* Checks what this code needs to keep a bitmap up to date; a message
- * naming the bitmap when it cannot. */
-static int check_entry(Qcow2State *s, const Qcow2BmEntry *e, QkError *err)
+ * naming the bitmap when it cannot (with rw, the advice to open the image
+ * read-only). Also how `info` finds the bitmaps it should warn about. */
+int qcow2_bitmap_check_entry(Qcow2State *s, const Qcow2BmEntry *e, bool rw, QkError *err)
 {
     if (e->flags & ~BME_KNOWN_FLAGS) {
-        return qk_error_set(err, -ENOTSUP, "Bitmap '%s' has unknown flags %#x; open the image read-only",
-                            e->name, e->flags & ~BME_KNOWN_FLAGS);
+        return qk_error_set(err, -ENOTSUP, "Bitmap '%s' has unknown flags %#x%s", e->name,
+                            e->flags & ~BME_KNOWN_FLAGS, rw ? RO_HINT : "");
     }
     if (e->type != BME_TYPE_DIRTY) {
-        return qk_error_set(err, -ENOTSUP, "Bitmap '%s' has an unknown type %u; open the image read-only",
-                            e->name, e->type);
+        return qk_error_set(err, -ENOTSUP, "Bitmap '%s' has an unknown type %u%s", e->name,
+                            e->type, rw ? RO_HINT : "");
     }
     if (e->gbits < BME_MIN_GBITS || e->gbits > BME_MAX_GBITS) {
-        return qk_error_set(err, -ENOTSUP, "Bitmap '%s' has a granularity of 2^%u bytes (supported: 2^%d to 2^%d); "
-                            "open the image read-only", e->name, e->gbits, BME_MIN_GBITS, BME_MAX_GBITS);
+        return qk_error_set(err, -ENOTSUP, "Bitmap '%s' has a granularity of 2^%u bytes (supported: 2^%d to 2^%d)%s",
+                            e->name, e->gbits, BME_MIN_GBITS, BME_MAX_GBITS, rw ? RO_HINT : "");
     }
     if (data_bytes(s->bs->size, e->gbits) > BME_MAX_DATA || e->table_size > BME_MAX_TABLE_SIZE) {
         return qk_error_set(err, -ENOTSUP, "Bitmap '%s' is too large", e->name);
@@ -371,7 +374,7 @@ int coroutine_fn qcow2_bitmaps_open(QkBlock *bs, QkError *err)
             }
         }
         if (r == 0) {
-            r = check_entry(s, e, err);
+            r = qcow2_bitmap_check_entry(s, e, true, err);
         }
         if (r < 0) {
             break;

@@ -39,6 +39,15 @@ const char *qk_block_corrupt_reason(const QkBlock *bs)
     return s->meta_corrupt ? s->meta_corrupt_msg : NULL;
 }
 
+const char *qk_block_bitmaps_problem(const QkBlock *bs)
+{
+    if (!qk_block_is_qcow2(bs)) {
+        return NULL;
+    }
+    const Qcow2State *s = bs->opaque;
+    return s->bitmaps_problem;
+}
+
 /* Process-wide, as the tools set it once at start-up; reading it from
  * any thread after that is safe. */
 static QkCorruptHook *corrupt_hook;
@@ -108,6 +117,7 @@ static void free_state(Qcow2State *s)
     s->l2_cache = s->rb_cache = NULL;
     free(s->l1);
     free(s->rt);
+    free(s->bitmaps_problem);
     free(s->zero_buf);
     qcow2_write_free(s);
     s->l1 = s->rt = NULL;

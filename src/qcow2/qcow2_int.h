@@ -224,6 +224,7 @@ struct Qcow2State {
     QkBitmapInfo *bitmaps;      /* the bitmap directory, for info (bitmap_dir.c) */
     int nb_bitmaps;
     bool bitmaps_stale;         /* a bitmaps extension whose autoclear bit is clear */
+    char *bitmaps_problem;      /* why the stored bitmaps cannot be used, or NULL (bitmap_dir.c) */
     Qcow2BmDir bm_disk;         /* the directory as loaded by a read-write open (bitmaps.c) */
     bool bm_live;               /* the node's persistent bitmaps are stored on close */
     uint32_t *bm_disk_flags;    /* each stored entry's flags as on disk now (in use or not) */
@@ -386,6 +387,7 @@ void qcow2_bitmap_dir_layout(const Qcow2BmEntry *e, uint32_t n, uint8_t *buf);
 int coroutine_fn qcow2_bitmaps_open(QkBlock *bs, QkError *err);
 int coroutine_fn qcow2_bitmaps_store(QkBlock *bs, QkError *err);
 int qcow2_bitmap_can_store(QkBlock *bs, const char *name, uint64_t granularity, QkError *err);
+int qcow2_bitmap_check_entry(Qcow2State *s, const Qcow2BmEntry *e, bool rw, QkError *err);
 int coroutine_fn qcow2_bitmap_remove_stored(QkBlock *bs, struct QkDirtyBitmap *bm, QkError *err);
 /* Before the virtual size changes to new_size: refuses when a stored
  * bitmap is in use (out of date), or when the new size is 0 and the image

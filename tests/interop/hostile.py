@@ -853,7 +853,9 @@ def run_bitmap_dir_damage(qcowkit, work, env):
         changed = open(path, "rb").read() != img
         rd = subprocess.run([qcowkit, "io", "-r", "-c", "read -P 0x5a 0 64k", path], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-        out = chk.stdout + w.stdout + rd.stdout
+        inf = subprocess.run([qcowkit, "info", path], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        out = chk.stdout + w.stdout + rd.stdout + inf.stderr
         why = []
         if (q.returncode != 0) != qemu_refuses_it:
             why.append("qemu-img info exit %d (the case is not what it means to be)" % q.returncode)
@@ -866,6 +868,8 @@ def run_bitmap_dir_damage(qcowkit, work, env):
             why.append("file changed")
         if rd.returncode != 0 or "read 65536/65536" not in rd.stdout:
             why.append("read-only read failed")
+        if inf.returncode != 0 or "warning: the persistent bitmaps of" not in inf.stderr:
+            why.append("info: exit %d, no warning" % inf.returncode)
         if "Sanitizer" in out or "runtime error" in out:
             why.append("sanitizer report")
         print("%s bitmap directory: %-26s %s" % ("FAIL" if why else "ok  ", name, "; ".join(why)))
