@@ -6,6 +6,7 @@
  */
 #include "qcow2/qcow2_int.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
@@ -85,6 +86,8 @@ static int coroutine_fn read_compressed(Qcow2State *s, uint64_t l2e, uint64_t in
     uint64_t host, len;
     qcow2_compressed_range(s, l2e, &host, &len);
     if (len > 2 * s->cluster_size + 512) {
+        qcow2_note_corruption(s, "Compressed cluster at %#" PRIx64 " claims %" PRIu64 " bytes of compressed data, "
+                              "more than a cluster's worth", host, len);
         return -QK_ECORRUPT;
     }
     uint8_t *in = malloc(len);
@@ -96,6 +99,11 @@ static int coroutine_fn read_compressed(Qcow2State *s, uint64_t l2e, uint64_t in
     if (r == 0) {
         r = s->h.compression_type == 1 ? inflate_zstd(in, len, out, s->cluster_size)
                                        : inflate_zlib(in, len, out, s->cluster_size);
+    }
+    if (r == -QK_ECORRUPT) {
+        /* Named, as every other damage met on a read is. */
+        qcow2_note_corruption(s, "Compressed cluster at %#" PRIx64 " (%" PRIu64 " bytes) cannot be decompressed",
+                              host, len);
     }
     if (r == 0) {
         qk_iov_from_buf(qiov, qoff, out + in_cluster, n);

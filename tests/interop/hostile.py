@@ -274,8 +274,11 @@ def run_compressed(qcowkit, work, env):
             why.append("salvage: %d warnings and output, qemu-img --salvage %d and other bytes" % (warns, qwarns))
         if "read failed" not in rd.stdout or rd.returncode not in (0, 1):
             why.append("read: exit %d, %r" % (rd.returncode, rd.stdout.strip()[:200]))
-        if cv.returncode != 1 or "error while reading at byte 0" not in cv.stdout:
-            why.append("convert: exit %d, %r" % (cv.returncode, cv.stdout.strip()[:200]))
+        # The damage is named, as all other damage met on a read is (it
+        # used to be a bare "Structure needs cleaning").
+        if (cv.returncode != 1 or "error while reading at byte 0" not in cv.stdout or
+                "qcow2: Image is corrupt: Compressed cluster at 0x" not in cv.stdout):
+            why.append("convert: exit %d, %r" % (cv.returncode, cv.stdout.strip()[:300]))
         if chk.returncode not in (0, 2):
             why.append("check: exit %d" % chk.returncode)
         out = rd.stdout + cv.stdout + chk.stdout
