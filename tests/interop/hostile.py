@@ -1052,7 +1052,8 @@ def run_shrink_trim_garbage_refcounts(qcowkit, work, env):
     sh(["rm", "-rf", d])
     os.makedirs(d)
     path = os.path.join(d, "img.qcow2")
-    sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "data_file=img.data,cluster_size=4096", path, "2M"])
+    sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "data_file=%s,cluster_size=4096" % os.path.join(d, "img.data"),
+        path, "2M"])
     sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x81 0 64k", "-c", "write -P 0x82 1M 8k", path])
     patch(path, refcount_table_names_itself)
     sh(["qemu-img", "convert", "-O", "raw", path, path + ".before"])
