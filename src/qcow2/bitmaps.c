@@ -706,7 +706,19 @@ int coroutine_fn qcow2_bitmap_remove_stored(QkBlock *bs, QkDirtyBitmap *bm, QkEr
     return r;
 }
 
+static int coroutine_fn store_locked(QkBlock *bs, QkError *err);
+
+/* At the close; a removal still switching the directory finishes first. */
 int coroutine_fn qcow2_bitmaps_store(QkBlock *bs, QkError *err)
+{
+    Qcow2State *s = qcow2_state(bs);
+    qk_co_mutex_lock(&s->bm_lock);
+    int r = store_locked(bs, err);
+    qk_co_mutex_unlock(&s->bm_lock);
+    return r;
+}
+
+static int coroutine_fn store_locked(QkBlock *bs, QkError *err)
 {
     Qcow2State *s = qcow2_state(bs);
     if (!s->bm_live || s->read_only) {
