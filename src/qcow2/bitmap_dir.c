@@ -163,6 +163,36 @@ void qcow2_bitmaps_free_list(Qcow2State *s)
     s->nb_bitmaps = 0;
 }
 
+static int cmp_names(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Sorted, not compared pairwise: a directory may hold 65535 names. */
+int qcow2_bitmap_dir_dup_name(const Qcow2BmDir *d, const char **dup)
+{
+    if (d->n < 2) {
+        return 0;
+    }
+    const char **names = malloc(d->n * sizeof(*names));
+    if (!names) {
+        return -ENOMEM;
+    }
+    for (uint32_t i = 0; i < d->n; i++) {
+        names[i] = d->e[i].name;
+    }
+    qsort(names, d->n, sizeof(*names), cmp_names);
+    int found = 0;
+    for (uint32_t i = 1; i < d->n && !found; i++) {
+        if (strcmp(names[i - 1], names[i]) == 0) {
+            *dup = names[i];
+            found = 1;
+        }
+    }
+    free(names);
+    return found;
+}
+
 int coroutine_fn qcow2_bitmaps_load_list(Qcow2State *s)
 {
     if (!(s->h.autoclear_features & QCOW2_AUTOCLEAR_BITMAPS)) {
@@ -183,14 +213,15 @@ int coroutine_fn qcow2_bitmaps_load_list(Qcow2State *s)
     }
     for (uint32_t i = 0; i < d.n && !s->bitmaps_problem; i++) {
         QkError e = {0};
-        for (uint32_t j = 0; j < i && !e.code; j++) {
-            if (strcmp(d.e[j].name, d.e[i].name) == 0) {
-                qk_error_set(&e, -QK_ECORRUPT, "bitmap name '%s' appears more than once", d.e[i].name);
-            }
-        }
-        if (e.code || qcow2_bitmap_check_entry(s, &d.e[i], false, &e) < 0) {
+        if (qcow2_bitmap_check_entry(s, &d.e[i], false, &e) < 0) {
             s->bitmaps_problem = strdup(e.msg);
         }
+    }
+    const char *dup = NULL;
+    if (!s->bitmaps_problem && qcow2_bitmap_dir_dup_name(&d, &dup) > 0) {
+        QkError e = {0};
+        qk_error_set(&e, -QK_ECORRUPT, "bitmap name '%s' appears more than once", dup);
+        s->bitmaps_problem = strdup(e.msg);
     }
     s->bitmaps = calloc(d.n, sizeof(*s->bitmaps));
     if (!s->bitmaps) {

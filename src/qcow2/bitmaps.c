@@ -366,16 +366,16 @@ int coroutine_fn qcow2_bitmaps_open(QkBlock *bs, QkError *err)
     if (r < 0) {
         return qk_error_set_errno(err, r, "Could not read the bitmap directory");
     }
+    const char *dup = NULL;
+    r = qcow2_bitmap_dir_dup_name(d, &dup);
+    if (r > 0) {
+        r = qk_error_corrupt(err, "bitmap name '%s' appears more than once", dup);
+    } else if (r < 0) {
+        r = qk_error_set(err, r, "out of memory");
+    }
     for (uint32_t i = 0; i < d->n && r == 0; i++) {
         const Qcow2BmEntry *e = &d->e[i];
-        for (uint32_t j = 0; j < i; j++) {
-            if (strcmp(d->e[j].name, e->name) == 0) {
-                r = qk_error_corrupt(err, "bitmap name '%s' appears more than once", e->name);
-            }
-        }
-        if (r == 0) {
-            r = qcow2_bitmap_check_entry(s, e, true, err);
-        }
+        r = qcow2_bitmap_check_entry(s, e, true, err);
         if (r < 0) {
             break;
         }

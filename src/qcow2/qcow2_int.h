@@ -377,6 +377,8 @@ void qcow2_free_extensions(Qcow2State *s);
  * with *why set to QEMU's message where QEMU has one (else NULL). */
 int coroutine_fn qcow2_bitmap_dir_read(Qcow2State *s, Qcow2BmDir *d, const char **why);
 void qcow2_bitmap_dir_free(Qcow2BmDir *d);
+/* 1 and *dup set when two entries share a name, 0 when none do, -ENOMEM. */
+int qcow2_bitmap_dir_dup_name(const Qcow2BmDir *d, const char **dup);
 uint64_t qcow2_bitmap_entry_len(const Qcow2BmEntry *e);
 /* Writes n entries into buf (the sum of their lengths, zero padded). */
 void qcow2_bitmap_dir_layout(const Qcow2BmEntry *e, uint32_t n, uint8_t *buf);
