@@ -87,7 +87,7 @@ static int coroutine_fn read_compressed(Qcow2State *s, uint64_t l2e, uint64_t in
     qcow2_compressed_range(s, l2e, &host, &len);
     if (len > 2 * s->cluster_size + 512) {
         qcow2_note_corruption(s, "Compressed cluster at %#" PRIx64 " claims %" PRIu64 " bytes of compressed data, "
-                              "more than a cluster's worth", host, len);
+                              "more than two clusters", host, len);
         return -QK_ECORRUPT;
     }
     uint8_t *in = malloc(len);

@@ -6,6 +6,7 @@
  * on every CPU. One region, kept while the job runs, avoids both.
  */
 #include "util/buf_slots.h"
+#include "common/checked.h"
 #include "util/iov.h"
 #include "qcowkit/engine.h"
 
@@ -15,7 +16,7 @@
 
 int qk_buf_slots_init(QkBufSlots *s, size_t align, size_t size, int count)
 {
-    *s = (QkBufSlots){.align = align, .slot = (size + align - 1) / align * align, .count = count};
+    *s = (QkBufSlots){.align = align, .slot = (size_t)qk_align_up(size, align), .count = count};
     s->free = calloc(count > 0 ? (size_t)count : 1, sizeof(*s->free));
     return s->free ? 0 : -ENOMEM;
 }
