@@ -195,6 +195,10 @@ enum {
      * file will show, so they are recorded even where nothing is below
      * yet. */
     QK_REQ_BACKING_PENDING = 1 << 5,
+    /* Write: part of a stream that will not be written again soon (VM
+     * state); a page-cached file starts writing it back at once, so that
+     * the next flush does not find the whole stream still in memory. */
+    QK_REQ_WRITE_BEHIND = 1 << 6,
     /* Bits 8..11 are the engine's own (what a driver writes, for fault
      * injection). */
 };

@@ -29,6 +29,12 @@ ssize_t coroutine_fn qk_co_host_pwritev(int fd, const struct iovec *iov, int iov
     return submit(&req);
 }
 
+ssize_t coroutine_fn qk_co_host_pwritev_behind(int fd, const struct iovec *iov, int iovcnt, uint64_t off)
+{
+    QkAioReq req = {.op = QK_AIO_WRITE, .fd = fd, .iov = iov, .iovcnt = iovcnt, .off = off, .write_behind = true};
+    return submit(&req);
+}
+
 ssize_t coroutine_fn qk_co_host_rw_direct(int fd, bool write, const struct iovec *iov, int iovcnt,
                                           uint64_t off)
 {

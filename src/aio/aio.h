@@ -17,6 +17,11 @@
  * that have no offsets (an eventfd, a pipe). */
 ssize_t coroutine_fn qk_co_host_preadv(int fd, const struct iovec *iov, int iovcnt, uint64_t off);
 ssize_t coroutine_fn qk_co_host_pwritev(int fd, const struct iovec *iov, int iovcnt, uint64_t off);
+/* As qk_co_host_pwritev, then starts writing the range back to the disk
+ * without waiting for it (sync_file_range WRITE): for a stream that is not
+ * written again, so that the next flush finds little left to do. Only a
+ * hint: a backend without a place to run it just writes. */
+ssize_t coroutine_fn qk_co_host_pwritev_behind(int fd, const struct iovec *iov, int iovcnt, uint64_t off);
 int coroutine_fn qk_co_host_fdatasync(int fd);
 int coroutine_fn qk_co_host_fallocate(int fd, int mode, uint64_t off, uint64_t len);
 int coroutine_fn qk_co_host_ftruncate(int fd, uint64_t len);
@@ -40,6 +45,7 @@ typedef struct QkAioReq {
     uint64_t len;
     int mode;
     bool direct;        /* fd has O_DIRECT */
+    bool write_behind;  /* write: start the range's writeback afterwards */
     int64_t result;
     QkCoroutine *co;
     struct QkAioReq *next;

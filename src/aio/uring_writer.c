@@ -19,6 +19,7 @@
 #include "aio/backend.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <liburing.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -112,6 +113,27 @@ static void notify(QkUringWriter *w)
     }
 }
 
+/* Starts the writeback of what [first, last] wrote (n bytes from
+ * first->off) when one of them asks for it. This thread then waits only
+ * while the disk's queue is full, which paces a stream at the disk's speed
+ * instead of letting it pile up dirty pages for one long flush. A hint: a
+ * failure shows up at the next flush. */
+static void write_behind(const QkAioReq *first, const QkAioReq *last, ssize_t n)
+{
+    if (n <= 0) {
+        return;
+    }
+    for (const QkAioReq *r = first;; r = r->next) {
+        if (r->write_behind) {
+            (void)sync_file_range(first->fd, (off_t)first->off, n, SYNC_FILE_RANGE_WRITE);
+            return;
+        }
+        if (r == last) {
+            return;
+        }
+    }
+}
+
 /* One system call per write costs about a quarter of the writer's time
  * here, so a single buffer goes through pwrite (no iovec to copy in) and
  * the most common pattern that can be merged, writes that continue one
@@ -137,6 +159,7 @@ static QkAioReq *write_some(QkAioReq *list)
         n = list->iovcnt == 1 ? pwrite(list->fd, list->iov[0].iov_base, list->iov[0].iov_len, (off_t)list->off)
                               : pwritev(list->fd, list->iov, list->iovcnt, (off_t)list->off);
         list->result = n < 0 ? -errno : n;
+        write_behind(list, list, n);
         return list->next;
     }
     struct iovec iov[MERGE_IOV];
@@ -150,6 +173,7 @@ static QkAioReq *write_some(QkAioReq *list)
         }
     }
     n = pwritev(list->fd, iov, k, (off_t)list->off);
+    write_behind(list, last, n);
     /* Hand each request its share. A request the merged write did not
      * reach (it failed, or stopped short before it) is written on its own,
      * so it gets the result it would have had alone. */

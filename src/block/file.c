@@ -197,7 +197,7 @@ static int coroutine_fn file_close(QkBlock *bs)
 /* Transfers exactly [off, off+q->size), resubmitting after short
  * transfers. A read that hits EOF zero-fills the rest; a write that makes
  * no progress fails with -EIO. */
-static int coroutine_fn host_rw_fd(int fd, bool direct, uint64_t off, QkIov *q, bool write)
+static int coroutine_fn host_rw_fd(int fd, bool direct, uint64_t off, QkIov *q, bool write, bool behind)
 {
     size_t done = 0;
     while (done < q->size) {
@@ -209,6 +209,7 @@ static int coroutine_fn host_rw_fd(int fd, bool direct, uint64_t off, QkIov *q, 
             cur = &rest;
         }
         ssize_t n = direct ? qk_co_host_rw_direct(fd, write, cur->iov, cur->niov, off + done)
+                    : write && behind ? qk_co_host_pwritev_behind(fd, cur->iov, cur->niov, off + done)
                     : write ? qk_co_host_pwritev(fd, cur->iov, cur->niov, off + done)
                             : qk_co_host_preadv(fd, cur->iov, cur->niov, off + done);
         if (done) {
@@ -234,12 +235,12 @@ static int coroutine_fn host_rw_fd(int fd, bool direct, uint64_t off, QkIov *q, 
 
 static int coroutine_fn host_read_full(FileState *s, uint64_t off, QkIov *q)
 {
-    return host_rw_fd(s->fd, s->direct, off, q, false);
+    return host_rw_fd(s->fd, s->direct, off, q, false, false);
 }
 
 static int coroutine_fn host_write_full(FileState *s, uint64_t off, QkIov *q)
 {
-    return host_rw_fd(s->fd, s->direct, off, q, true);
+    return host_rw_fd(s->fd, s->direct, off, q, true, false);
 }
 
 /* Bulk reads of a file opened through the page cache go through a second,
@@ -333,7 +334,7 @@ static int coroutine_fn file_preadv(QkBlock *bs, uint64_t off, uint64_t bytes, Q
         qk_clock_ns() - s->last_write_ns > BULK_QUIET_NS && qk_is_aligned(off, BULK_ALIGN) &&
         qk_is_aligned(bytes, BULK_ALIGN) && qk_iov_is_aligned(&sub, BULK_ALIGN) && bulk_fd(bs, s) >= 0 &&
         !range_mostly_cached(s->fd, off, bytes)) {
-        r = host_rw_fd(s->bulk_fd, true, off, &sub, false);
+        r = host_rw_fd(s->bulk_fd, true, off, &sub, false, false);
     } else if (!needs_bounce(bs, off, bytes, &sub)) {
         r = host_read_full(s, off, &sub);
     } else {
@@ -419,7 +420,7 @@ static int coroutine_fn file_pwritev(QkBlock *bs, uint64_t off, uint64_t bytes, 
     qk_iov_concat(&sub, qiov, qiov_off, bytes);
     if (!s->direct) {
         s->last_write_ns = qk_clock_ns();
-        r = host_write_full(s, off, &sub);
+        r = host_rw_fd(s->fd, false, off, &sub, true, (flags & QK_REQ_WRITE_BEHIND) != 0);
     } else {
         uint64_t a = bs->request_alignment;
         Tracked t = {

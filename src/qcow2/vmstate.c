@@ -54,7 +54,10 @@ int coroutine_fn qcow2_co_save_vmstate(QkBlock *bs, QkIov *qiov, uint64_t pos)
             return r;
         }
     }
-    return qcow2_co_pwritev(bs, off, bytes, qiov, 0, 0);
+    /* Written once and not again: let the file start writing it back, so
+     * the flush before each new L2 table's L1 entry (and the last one)
+     * does not wait for the whole stream at once. */
+    return qcow2_co_pwritev(bs, off, bytes, qiov, 0, QK_REQ_WRITE_BEHIND);
 }
 
 int coroutine_fn qcow2_co_load_vmstate(QkBlock *bs, QkIov *qiov, uint64_t pos)

@@ -309,7 +309,7 @@ static int coroutine_fn update_l2(Qcow2State *s, const AllocPlan *p, uint64_t fo
 }
 
 static int coroutine_fn alloc_write(Qcow2State *s, uint64_t off, uint64_t bytes, QkIov *qiov, size_t qoff,
-                                    uint64_t *done)
+                                    int flags, uint64_t *done)
 {
     const uint64_t cs = s->cluster_size;
     AllocPlan p;
@@ -444,7 +444,7 @@ static int coroutine_fn alloc_write(Qcow2State *s, uint64_t off, uint64_t bytes,
         r = qcow2_check_data_write(s, p.host + (fs - start), fe - fs);
         if (r == 0) {
             r = qk_co_pwritev(s->data, p.host + (fs - start), fe - fs, need_q ? &q : qiov,
-                              need_q ? 0 : qoff, 0);
+                              need_q ? 0 : qoff, flags);
         }
     }
     if (need_q && q.iov != stack_iov) {
@@ -480,7 +480,7 @@ static int coroutine_fn alloc_write(Qcow2State *s, uint64_t off, uint64_t bytes,
 }
 
 static int coroutine_fn write_chunk(Qcow2State *s, uint64_t off, uint64_t bytes, QkIov *qiov, size_t qoff,
-                                    uint64_t *done)
+                                    int flags, uint64_t *done)
 {
     Qcow2Req req;
     qcow2_req_begin(s, &req, off, off + bytes, false);
@@ -491,7 +491,7 @@ static int coroutine_fn write_chunk(Qcow2State *s, uint64_t off, uint64_t bytes,
         qk_block_debug_event(QK_DBG_WRITE_AIO);
         r = qcow2_check_data_write(s, ext.host, ext.bytes);
         if (r == 0) {
-            r = qk_co_pwritev(s->data, ext.host, ext.bytes, qiov, qoff, 0);
+            r = qk_co_pwritev(s->data, ext.host, ext.bytes, qiov, qoff, flags);
         }
         qcow2_req_end(s, &req);
         *done = ext.bytes;
@@ -501,15 +501,17 @@ static int coroutine_fn write_chunk(Qcow2State *s, uint64_t off, uint64_t bytes,
     if (r < 0) {
         return r;
     }
-    return alloc_write(s, off, bytes, qiov, qoff, done);
+    return alloc_write(s, off, bytes, qiov, qoff, flags, done);
 }
 
 int coroutine_fn qcow2_co_pwritev(QkBlock *bs, uint64_t off, uint64_t bytes, QkIov *qiov, size_t qoff, int flags)
 {
     Qcow2State *s = qcow2_state(bs);
+    /* The data writes take the hints; FUA is for the whole request below. */
+    int data_flags = flags & QK_REQ_WRITE_BEHIND;
     while (bytes) {
         uint64_t n = 0;
-        int r = write_chunk(s, off, bytes, qiov, qoff, &n);
+        int r = write_chunk(s, off, bytes, qiov, qoff, data_flags, &n);
         if (r < 0) {
             return r;
         }

@@ -1,6 +1,7 @@
 /* Host file I/O through the file driver, buffered and O_DIRECT, including
  * concurrent unaligned writes that share blocks (read-modify-write must not
- * lose neighbours' bytes) and runs of adjacent writes. Runs on whichever backend QCOWKIT_AIO selects. */
+ * lose neighbours' bytes), runs of adjacent writes, bulk reads and
+ * write-behind against the page cache. Runs on whichever backend QCOWKIT_AIO selects. */
 #include "qktest.h"
 #include "aio/coroutine.h"
 #include "aio/loop.h"
@@ -299,6 +300,76 @@ static void coroutine_fn bulk_cache_co(void *opaque)
 }
 
 /* Counts this process's threads running at nice 19 (the background pool). */
+typedef struct BehindW {
+    QkBlock *b;
+    uint64_t off;
+    const unsigned char *buf;
+    int flags;
+    int *left;
+} BehindW;
+
+static void coroutine_fn behind_write_co(void *opaque)
+{
+    BehindW *w = opaque;
+    QK_CHECK_EQ(qk_co_pwrite(w->b, w->off, 128 << 10, w->buf, w->flags), 0);
+    (*w->left)--;
+}
+
+/* QK_REQ_WRITE_BEHIND on a file opened through the page cache: the writes
+ * (eight at once, so the backend may merge them) start their own
+ * writeback, so hardly a page of them is still dirty when they complete,
+ * while the same writes without the hint leave their pages dirty (else
+ * the kernel wrote them back on its own and nothing can be told). Both
+ * read back what was written. */
+static void coroutine_fn write_behind_co(void *opaque)
+{
+    const char *path = opaque;
+    CacheStat cs;
+    if (!cache_stat(path, 0, 4096, &cs)) {
+        printf("write-behind: not checked, no cachestat(2) here\n");
+        return;
+    }
+    QkBlock *b = open_rw(path);
+    if (!b) {
+        return;
+    }
+    enum { N = 1 << 20, PIECE = 128 << 10, PAGES = N / 4096 };
+    const uint64_t plain_off = 4 << 20, behind_off = 6 << 20;
+    unsigned char *w = qk_aligned_alloc(4096, 2 * N), *r = qk_aligned_alloc(4096, N);
+    for (int i = 0; i < 2 * N; i++) {
+        w[i] = (unsigned char)(i * 11 + (i >> 12) * 3);
+    }
+    QkError err = {0};
+    QK_CHECK_EQ(qk_co_truncate(b, 8 << 20, QK_PREALLOC_OFF, &err), 0);
+    uint64_t dirty[2];
+    for (int hint = 0; hint < 2; hint++) {
+        uint64_t off = hint ? behind_off : plain_off;
+        int left = N / PIECE;
+        BehindW ws[N / PIECE];
+        for (int i = 0; i < N / PIECE; i++) {
+            ws[i] = (BehindW){b, off + (uint64_t)i * PIECE, w + (size_t)hint * N + (size_t)i * PIECE,
+                              hint ? QK_REQ_WRITE_BEHIND : 0, &left};
+            qk_coroutine_enter(qk_coroutine_create(behind_write_co, &ws[i]));
+        }
+        while (left) {
+            qk_co_sleep_ns(1000 * 1000);
+        }
+        QK_CHECK(cache_stat(path, off, N, &cs));
+        dirty[hint] = cs.nr_dirty;
+        QK_CHECK_EQ(qk_co_pread(b, off, N, r, 0), 0);
+        QK_CHECK(memcmp(r, w + (size_t)hint * N, N) == 0);
+    }
+    if (dirty[0] < PAGES * 3 / 4) {
+        printf("write-behind: not checked, %llu of %d pages written without the hint were still dirty\n",
+               (unsigned long long)dirty[0], PAGES);
+    } else {
+        QK_CHECK(dirty[1] <= PAGES / 4);
+    }
+    free(w);
+    free(r);
+    qk_co_block_close(b);
+}
+
 static int low_priority_threads(void)
 {
     int n = 0;
@@ -450,6 +521,7 @@ int main(void)
     }
     qk_co_run(bulk_read_co, path);
     qk_co_run(bulk_cache_co, path);
+    qk_co_run(write_behind_co, path);
     qk_co_run(background_co, path);
     many_files(dir ? dir : ".");
     QkError err = {0};
