@@ -300,6 +300,8 @@ static int coroutine_fn check_snapshots(Check *k)
 {
     Qcow2State *s = k->s;
     uint32_t nb = s->h.nb_snapshots;
+    k->sn_cut_short = false;
+    k->sn_whole = 0;
     if (!nb) {
         return 0;
     }
@@ -308,6 +310,10 @@ static int coroutine_fn check_snapshots(Check *k)
     uint8_t fixed[40];
     for (uint32_t i = 0; i < nb; i++) {
         if (!qk_range_within(pos, sizeof(fixed), k->file_len) || pos - off > QCOW2_MAX_SNAPSHOT_TABLE_BYTES) {
+            /* Cut short where the file ends, after whole entries: the
+             * rest is gone. An entry whose names run past the end (a
+             * damaged length as likely as a cut) is not that. */
+            k->sn_cut_short = !qk_range_within(pos, sizeof(fixed), k->file_len) && k->sn_whole == i;
             ck_say(k, "ERROR snapshot table is truncated");
             k->res->corruptions++;
             k->partial = true;
@@ -328,6 +334,10 @@ static int coroutine_fn check_snapshots(Check *k)
         uint32_t extra = qk_be32_get(fixed + 36);
         uint64_t entry = pos;
         pos += qk_align_up(40ULL + extra + id_len + name_len, 8);
+        /* The last entry's padding need not be in the file. */
+        if (k->sn_whole == i && qk_range_within(entry, 40ULL + extra + id_len + name_len, k->file_len)) {
+            k->sn_whole = i + 1;
+        }
         /* What opening the image refuses, as qemu-img reports it (-r all
          * cuts the extra data, repair.c; the references are known all the
          * same). */

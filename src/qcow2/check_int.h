@@ -45,6 +45,11 @@ typedef struct Check {
      * whole: what it references is unknown, so a repair may raise
      * refcounts but never lower them. */
     bool partial;
+    /* The end of the file cuts the snapshot table short (or it lies all
+     * past it) between entries or in an entry's fixed part: only its
+     * first sn_whole entries are in the file. */
+    bool sn_cut_short;
+    uint32_t sn_whole;
     /* Where the file must end for every L2 table that starts inside it to
      * be whole (0: all are). */
     uint64_t short_end;

@@ -310,20 +310,9 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
     s->written_end = flen;
     s->free_hint = 1;
 
-    /* The snapshots' tables, for the overlap check of a writer. A table
-     * that does not read is left to the snapshot commands and check, but
-     * the bytes it claims stay protected. */
+    /* The snapshots' tables, for the overlap check of a writer. */
     if (s->h.nb_snapshots && !bs->read_only) {
-        Qcow2Snapshot *sn;
-        uint32_t n;
-        uint64_t len;
-        QkError serr = {0};
-        if (qcow2_snapshots_read_lenient(s, &sn, &n, &len, &serr) == 0) {
-            qcow2_meta_set_snapshots(s, sn, n, s->h.snapshots_offset, len);
-            qcow2_snapshots_free(sn, n);
-        } else {
-            qcow2_meta_set_snapshots(s, NULL, 0, s->h.snapshots_offset, len);
-        }
+        qcow2_snapshots_protect(s);
     }
     /* A malformed directory does not stop the open (the bitmaps are not
      * used for anything but info); check reports it. */

@@ -528,6 +528,30 @@ int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err)
             return qk_error_set_errno(err, r, "Could not repair the preallocated clusters");
         }
     }
+    uint32_t cut = 0;
+    if ((fix & QK_CHECK_FIX_ERRORS) && k->sn_cut_short) {
+        /* A file cut short: what is gone of the snapshot table cannot be
+         * read back, and until the header stops naming it no repair can
+         * tell what those snapshots referenced (their clusters stay
+         * leaked). The whole entries stay; the rest are dropped, first,
+         * before the file may grow over where they were (they would read
+         * as zeros then, snapshots of nothing). */
+        k->report = report;
+        k->opaque = opaque;
+        uint32_t nb = k->s->h.nb_snapshots;
+        if (k->sn_whole) {
+            ck_say(k, "Repairing the snapshot table: the end of the file cuts it short; keeping its first "
+                   "%u of %u entries", k->sn_whole, nb);
+        } else {
+            ck_say(k, "Repairing the snapshot table: it lies past the end of the file; dropping its %u "
+                   "entr%s", nb, nb == 1 ? "y" : "ies");
+        }
+        r = qcow2_snapshots_cut(k->s, k->sn_whole, err);
+        if (r < 0) {
+            return r;
+        }
+        cut = 1;
+    }
     uint32_t extended = 0;
     if ((fix & QK_CHECK_FIX_ERRORS) && k->short_end > k->file_len) {
         /* L2 tables the end of the file cuts short: the file grows over
@@ -577,7 +601,7 @@ int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err)
         release_lines(&held, report, opaque);
         return qk_error_set_errno(err, r, "Could not check the repaired image");
     }
-    int found = refs_only.corruptions + k->copied_repaired + (int)extended + (int)prealloc;
+    int found = refs_only.corruptions + k->copied_repaired + (int)extended + (int)prealloc + (int)cut;
     res->corruptions_fixed = found > res->corruptions ? found - res->corruptions : 0;
     res->leaks_fixed = before.leaks > res->leaks ? before.leaks - res->leaks : 0;
     bool said = repaired && !res->corruptions_fixed && !res->leaks_fixed && !held.lost;

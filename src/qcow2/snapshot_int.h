@@ -65,6 +65,14 @@ void qcow2_snapshots_free(Qcow2Snapshot *sn, uint32_t n);
  * frees the old table. A crash leaves the old or the new table, never a
  * mix; at worst clusters leak. */
 int coroutine_fn qcow2_snapshots_write(Qcow2State *s, const Qcow2Snapshot *sn, uint32_t n, QkError *err);
+/* check -r all, for a table the end of the file cuts short: the header
+ * keeps only its first `keep` entries (all of them in the file; none: no
+ * table), durable before the repair frees what the others referenced. */
+int coroutine_fn qcow2_snapshots_cut(Qcow2State *s, uint32_t keep, QkError *err);
+/* Tells the overlap check what the snapshot table and the snapshots' L1
+ * tables occupy: a table that does not read is left to the snapshot
+ * commands and check, but the bytes it claims stay protected. */
+void coroutine_fn qcow2_snapshots_protect(Qcow2State *s);
 /* Index of the first snapshot whose id (when id) and name (when name)
  * match, or -1. */
 int qcow2_snapshot_find(const Qcow2Snapshot *sn, uint32_t n, const char *id, const char *name);

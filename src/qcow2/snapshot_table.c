@@ -93,7 +93,10 @@ static int coroutine_fn read_table(Qcow2State *s, Qcow2Snapshot **out, uint32_t 
          * the file as zeros and protects all of it. */
         claim_end = pos + QCOW2_SN_FIXED_LEN * (uint64_t)(nb - i);
         if (!qk_range_within(pos, sizeof(fixed), (uint64_t)flen)) {
-            r = qk_error_corrupt(err, "snapshot table is truncated");
+            r = i == 0 && off >= (uint64_t)flen
+                    ? qk_error_corrupt(err, "snapshot table (offset %#llx) lies past the end of the file",
+                                       (unsigned long long)off)
+                    : qk_error_corrupt(err, "snapshot table is truncated");
             break;
         }
         r = qk_co_pread(s->bs->file, pos, sizeof(fixed), fixed, 0);
@@ -316,6 +319,43 @@ int coroutine_fn qcow2_snapshots_write(Qcow2State *s, const Qcow2Snapshot *sn, u
         }
     }
     return 0;
+}
+
+int coroutine_fn qcow2_snapshots_cut(Qcow2State *s, uint32_t keep, QkError *err)
+{
+    uint32_t old_nb = s->h.nb_snapshots;
+    uint64_t old_off = s->h.snapshots_offset;
+    s->h.nb_snapshots = keep;
+    s->h.snapshots_offset = keep ? old_off : 0;
+    int r = qcow2_write_header_field(s, QCOW2_HOFF_SNAPSHOTS, 12);
+    if (r == 0) {
+        r = qk_co_flush(s->bs->file);
+    }
+    if (r < 0) {
+        s->h.nb_snapshots = old_nb;
+        s->h.snapshots_offset = old_off;
+        return qk_error_set_errno(err, r, "Could not write the header");
+    }
+    s->sn_table_past_eof = false;
+    /* The overlap check protected all the old table claimed, past the end
+     * of the file too, where the repair may now allocate. */
+    qcow2_snapshots_protect(s);
+    return 0;
+}
+
+void coroutine_fn qcow2_snapshots_protect(Qcow2State *s)
+{
+    Qcow2Snapshot *sn;
+    uint32_t n;
+    uint64_t len = 0;
+    QkError err = {0};
+    if (qcow2_snapshots_read_lenient(s, &sn, &n, &len, &err) == 0) {
+        qcow2_meta_set_snapshots(s, sn, n, s->h.snapshots_offset, len);
+        qcow2_snapshots_free(sn, n);
+    } else {
+        qcow2_meta_set_snapshots(s, NULL, 0, s->h.snapshots_offset, len);
+        qk_error_clear(&err);
+    }
 }
 
 int qcow2_snapshot_find(const Qcow2Snapshot *sn, uint32_t n, const char *id, const char *name)

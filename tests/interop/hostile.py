@@ -1186,6 +1186,85 @@ def run_snapshot_delete_cut_table(qcowkit, work, env):
                                                           (p.stdout + chk.stdout + rd.stdout).strip()[:1500]))
     return 0 if ok else 1
 
+# A file cut short inside its snapshot table (written last, when the
+# snapshots were taken): in the third of three entries, and at the table's
+# start. Every open used to refuse it, so check could not even report it.
+# Now a read-only open reads the active disk (convert copies it out), info
+# names the table, check reports it (exit 2), -r leaks frees nothing (what
+# the lost entries referenced is unknown), and -r all keeps the whole
+# entries: qemu-img then finds the image clean, lists s1 and s2 (none for
+# the cut at the start) and reads the disk and the kept snapshots as they
+# were. (qemu-img 7.2's own repair keeps a third, empty-named snapshot.)
+def run_snapshot_table_cut_short(qcowkit, work, env):
+    fails = []
+    orig = os.path.join(work, "sntab.qcow2")
+    new_image(orig, "64M", ["write -P 0x11 0 1M"])
+    for snap, pat, length in (("s1", 0x22, "512k"), ("s2", 0x33, "256k")):
+        sh(["qemu-img", "snapshot", "-c", snap, orig])
+        sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x%x 0 %s" % (pat, length), orig])
+    sh(["qemu-img", "snapshot", "-c", "s3", orig])
+    img = open(orig, "rb").read()
+    nb, table = struct.unpack_from(">IQ", img, 60)
+    pos = table
+    for _ in range(2):
+        id_len, name_len = struct.unpack_from(">HH", img, pos + 12)
+        extra = struct.unpack_from(">I", img, pos + 36)[0]
+        pos += (40 + extra + id_len + name_len + 7) // 8 * 8
+    disk = [("read -P 0x33 0 256k"), ("read -P 0x22 256k 256k"), ("read -P 0x11 512k 512k")]
+    snaps = {"s1": ["read -P 0x11 0 1M"], "s2": ["read -P 0x22 0 512k", "read -P 0x11 512k 512k"]}
+
+    def run(*cmd):
+        return subprocess.run([qcowkit] + list(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+
+    def reads(path, fmt, cmds):
+        r = sh(["qemu-io", "-r", "-f", fmt] + [a for c in cmds for a in ("-c", c)] + [path])
+        return r.returncode == 0 and r.stdout.count("read ") == len(cmds) and "fail" not in r.stdout
+
+    for what, cut, kept, info_msg in (("in its third entry", pos + 20, ["s1", "s2"], "snapshot table is truncated"),
+                                      ("at its start", table, [], "lies past the end of the file")):
+        path = os.path.join(work, "sntab-cut.qcow2")
+        open(path, "wb").write(img[:cut])
+        out = []
+        i = run("info", path)
+        if i.returncode != 1 or info_msg not in i.stdout:
+            out.append("info: exit %d: %s" % (i.returncode, i.stdout.strip()[-300:]))
+        raw = path + ".raw"
+        c = run("convert", "-O", "raw", path, raw)
+        if c.returncode != 0 or not reads(raw, "raw", disk):
+            out.append("convert: exit %d: %s" % (c.returncode, c.stdout.strip()[-300:]))
+        k = run("check", path)
+        if k.returncode != 2 or "ERROR snapshot table is truncated" not in k.stdout:
+            out.append("check: exit %d: %s" % (k.returncode, k.stdout.strip()[-300:]))
+        before = open(path, "rb").read()
+        k = run("check", "-r", "leaks", path)
+        if k.returncode != 2 or "not freeing the" not in k.stdout or open(path, "rb").read() != before:
+            out.append("check -r leaks: exit %d: %s" % (k.returncode, k.stdout.strip()[-300:]))
+        k = run("check", "-r", "all", path)
+        if k.returncode != 0 or "Repairing the snapshot table" not in k.stdout:
+            out.append("check -r all: exit %d: %s" % (k.returncode, k.stdout.strip()[-600:]))
+        q = sh(["qemu-img", "check", path])
+        if q.returncode != 0:
+            out.append("qemu-img check after the repair: exit %d: %s" % (q.returncode, q.stdout.strip()[-300:]))
+        lst = sh(["qemu-img", "snapshot", "-l", path]).stdout
+        names = [l.split()[1] for l in lst.splitlines()[2:] if len(l.split()) > 1]
+        if names != kept:
+            out.append("snapshots after the repair: %r, not %r" % (names, kept))
+        if not reads(path, "qcow2", disk):
+            out.append("the disk after the repair does not read back")
+        for snap in kept:
+            sraw = path + "." + snap + ".raw"
+            sh(["qemu-img", "convert", "-l", "snapshot.name=" + snap, "-O", "raw", path, sraw])
+            if not reads(sraw, "raw", snaps[snap]):
+                out.append("snapshot %s after the repair does not read back" % snap)
+        text = "".join(out)
+        ok = not out and "Sanitizer" not in text and "runtime error" not in text
+        print("%s snapshot table cut short by the end of the file %s: check, -r all" % ("ok  " if ok else "FAIL", what))
+        if not ok:
+            fails.append(what)
+            print("     " + "\n     ".join(out))
+    return len(fails)
+
 # snapshot -d where the file ends inside an active L2 table: the flags of
 # that table could not follow the lowered refcounts (it ended with 24
 # OFLAG_COPIED errors more than it had). Now refused before any change,
@@ -1407,6 +1486,7 @@ def main():
     fails += run_snapshot_delete_tree_on_metadata(qcowkit, work, env)
     fails += run_refcount_block_past_eof(qcowkit, work, env)
     fails += run_qcow_version1(qcowkit, work, env)
+    fails += run_snapshot_table_cut_short(qcowkit, work, env)
     ncomp, cfails = run_compressed(qcowkit, work, env)
     fails += cfails
     nbm, bfails = run_bitmap_dir_damage(qcowkit, work, env)
