@@ -1186,6 +1186,28 @@ def run_snapshot_delete_cut_table(qcowkit, work, env):
                                                           (p.stdout + chk.stdout + rd.stdout).strip()[:1500]))
     return 0 if ok else 1
 
+# Every crash state of that repair (its write log replayed as tests/crash
+# does) is no worse for qemu-img check than the cut image (0 < 3 < 2) and
+# reads the active disk as before.
+def cut_repair_crash_states(init, log, path, disk, reads):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "crash"))
+    import replay, wlog  # noqa: E402
+    rank = {0: 0, 3: 1, 2: 2}
+    st_path = path + ".state"
+    open(st_path, "wb").write(init)
+    base = rank.get(sh(["qemu-img", "check", st_path]).returncode, 9)
+    recs = wlog.records_for(wlog.read_log(log), os.path.abspath(path))
+    n = 0
+    for st, data in replay.states(init, recs, 1, 6):
+        n += 1
+        open(st_path, "wb").write(data)
+        rc = sh(["qemu-img", "check", st_path]).returncode
+        if rank.get(rc, 9) > base:
+            return ["crash state at record %d (durable %d): qemu-img check exit %d" % (st.point, st.durable, rc)]
+        if not reads(st_path, "qcow2", disk):
+            return ["crash state at record %d (durable %d): the disk does not read back" % (st.point, st.durable)]
+    return [] if n >= 3 else ["only %d crash states of the repair" % n]
+
 # A file cut short inside its snapshot table (written last, when the
 # snapshots were taken): in the third of three entries, and at the table's
 # start. Every open used to refuse it, so check could not even report it.
@@ -1195,6 +1217,7 @@ def run_snapshot_delete_cut_table(qcowkit, work, env):
 # entries: qemu-img then finds the image clean, lists s1 and s2 (none for
 # the cut at the start) and reads the disk and the kept snapshots as they
 # were. (qemu-img 7.2's own repair keeps a third, empty-named snapshot.)
+# A crash at any point of that repair leaves no worse an image.
 def run_snapshot_table_cut_short(qcowkit, work, env):
     fails = []
     orig = os.path.join(work, "sntab.qcow2")
@@ -1240,9 +1263,14 @@ def run_snapshot_table_cut_short(qcowkit, work, env):
         k = run("check", "-r", "leaks", path)
         if k.returncode != 2 or "not freeing the" not in k.stdout or open(path, "rb").read() != before:
             out.append("check -r leaks: exit %d: %s" % (k.returncode, k.stdout.strip()[-300:]))
-        k = run("check", "-r", "all", path)
+        log = path + ".wlog"
+        if os.path.exists(log):
+            os.unlink(log)
+        k = subprocess.run([qcowkit, "check", "-r", "all", path], env=dict(env, QCOWKIT_LOG_WRITES=log),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if k.returncode != 0 or "Repairing the snapshot table" not in k.stdout:
             out.append("check -r all: exit %d: %s" % (k.returncode, k.stdout.strip()[-600:]))
+        out += cut_repair_crash_states(before, log, path, disk, reads)
         q = sh(["qemu-img", "check", path])
         if q.returncode != 0:
             out.append("qemu-img check after the repair: exit %d: %s" % (q.returncode, q.stdout.strip()[-300:]))
