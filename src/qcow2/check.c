@@ -302,6 +302,7 @@ static int coroutine_fn check_snapshots(Check *k)
     uint32_t nb = s->h.nb_snapshots;
     k->sn_cut_short = false;
     k->sn_whole = 0;
+    k->sn_names_end = 0;
     if (!nb) {
         return 0;
     }
@@ -333,10 +334,15 @@ static int coroutine_fn check_snapshots(Check *k)
         uint16_t id_len = qk_be16_get(fixed + 12), name_len = qk_be16_get(fixed + 14);
         uint32_t extra = qk_be32_get(fixed + 36);
         uint64_t entry = pos;
+        uint64_t entry_end = pos + 40ULL + extra + id_len + name_len;
         pos += qk_align_up(40ULL + extra + id_len + name_len, 8);
         /* The last entry's padding need not be in the file. */
         if (k->sn_whole == i && qk_range_within(entry, 40ULL + extra + id_len + name_len, k->file_len)) {
             k->sn_whole = i + 1;
+        } else if (k->sn_whole == i && i == nb - 1 && extra <= QCOW2_SN_MAX_EXTRA) {
+            /* (A bounded extension: at most 1 KiB of extra data and two
+             * 64 KiB names.) */
+            k->sn_names_end = entry_end;
         }
         /* What opening the image refuses, as qemu-img reports it (-r all
          * cuts the extra data, repair.c; the references are known all the
@@ -395,6 +401,17 @@ static int coroutine_fn check_snapshots(Check *k)
         }
         check_l1(k, l1, l1_off, l1_size, false);
         free(l1);
+    }
+    if (k->sn_whole < nb) {
+        /* The last entry's names run past the end of the file (an entry
+         * before it would have put the next one's fixed part there):
+         * reading the table fails, as above. qemu-img reads zeros there,
+         * and -r all extends the file over them so that both read that. */
+        ck_say(k, "ERROR snapshot table is truncated");
+        k->res->corruptions++;
+        k->partial = true;
+        add_ref(k, off, QK_MIN(pos, k->file_len) - off, CK_META);
+        return 0;
     }
     add_ref(k, off, pos - off, CK_META);
     return 0;

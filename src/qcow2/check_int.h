@@ -50,6 +50,8 @@ typedef struct Check {
      * first sn_whole entries are in the file. */
     bool sn_cut_short;
     uint32_t sn_whole;
+    /* Or it cuts the last entry's names short: where they end (0: not). */
+    uint64_t sn_names_end;
     /* Where the file must end for every L2 table that starts inside it to
      * be whole (0: all are). */
     uint64_t short_end;

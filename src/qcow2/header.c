@@ -292,7 +292,6 @@ int qcow2_validate_header(Qcow2State *s, uint64_t file_len, bool rdwr, bool l1_m
              * image can still be read (and copied out); check reports the
              * table and check -r all drops it (repair.c). The snapshot
              * commands fail when they read it; a writer is refused. */
-            s->sn_table_past_eof = true;
         } else {
             r = check_table(s, "snapshot table", h->snapshots_offset, sn_min, file_len, err);
             if (r < 0) {

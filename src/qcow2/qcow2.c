@@ -310,9 +310,15 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
     s->written_end = flen;
     s->free_hint = 1;
 
-    /* The snapshots' tables, for the overlap check of a writer. */
-    if (s->h.nb_snapshots && !bs->read_only) {
-        qcow2_snapshots_protect(s);
+    /* The snapshots' tables, for the overlap check of a writer. One the
+     * end of the file cuts short in its last cluster refuses a writer
+     * (check -r aside): once the file grew over the lost part, that would
+     * read as zeros, snapshots of nothing that no repair can tell from
+     * real ones. */
+    if (s->h.nb_snapshots && !bs->read_only && qcow2_snapshots_protect(s) && !(opts->flags & QK_OPEN_CHECK)) {
+        r = qk_error_corrupt(err, "snapshot table (offset %#llx) is cut short by the end of the file; "
+                             "'check -r all' can repair it", (unsigned long long)s->h.snapshots_offset);
+        goto fail;
     }
     /* A malformed directory does not stop the open (the bitmaps are not
      * used for anything but info); check reports it. */

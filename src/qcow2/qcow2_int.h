@@ -265,7 +265,6 @@ struct Qcow2State {
     uint64_t meta_gen, meta_built_gen;
     unsigned meta_checks;
     bool l1_past_eof;           /* a read-only check or info opened an L1 table past EOF (zeros there) */
-    bool sn_table_past_eof;     /* a read-only check or info opened a snapshot table not (all) in the file */
     bool meta_corrupt;          /* found corrupt (qcow2_signal_corruption): no more writes */
     char meta_corrupt_msg[160];
     bool nonfatal_said;         /* qcow2_note_corruption spoke once: it stays quiet */

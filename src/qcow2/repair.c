@@ -552,6 +552,27 @@ int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err)
         }
         cut = 1;
     }
+    if ((fix & QK_CHECK_FIX_ERRORS) && k->sn_names_end > k->file_len) {
+        /* Only the last entry's names are missing (or its lengths are
+         * damaged): nothing is dropped, the file grows over them and the
+         * missing bytes read as zeros, as qemu-img reads them now. */
+        k->report = report;
+        k->opaque = opaque;
+        ck_say(k, "Repairing the snapshot table: the end of the file cuts its last entry's names short; "
+               "extended to 0x%llx (the missing bytes read as zeros)", (unsigned long long)k->sn_names_end);
+        QkError e2 = {0};
+        r = qk_co_truncate(k->s->bs->file, k->sn_names_end, QK_PREALLOC_OFF, &e2);
+        if (r == 0) {
+            r = qk_co_flush(k->s->bs->file);
+        }
+        qk_error_clear(&e2);
+        if (r < 0) {
+            return qk_error_set_errno(err, r, "Could not extend the file over the snapshot table");
+        }
+        k->s->file_size = QK_MAX(k->s->file_size, k->sn_names_end);
+        k->file_len = QK_MAX(k->file_len, k->sn_names_end);
+        cut = 1;
+    }
     uint32_t extended = 0;
     if ((fix & QK_CHECK_FIX_ERRORS) && k->short_end > k->file_len) {
         /* L2 tables the end of the file cuts short: the file grows over

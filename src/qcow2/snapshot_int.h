@@ -71,8 +71,10 @@ int coroutine_fn qcow2_snapshots_write(Qcow2State *s, const Qcow2Snapshot *sn, u
 int coroutine_fn qcow2_snapshots_cut(Qcow2State *s, uint32_t keep, QkError *err);
 /* Tells the overlap check what the snapshot table and the snapshots' L1
  * tables occupy: a table that does not read is left to the snapshot
- * commands and check, but the bytes it claims stay protected. */
-void coroutine_fn qcow2_snapshots_protect(Qcow2State *s);
+ * commands and check, but the bytes it claims stay protected. True when
+ * it does not read because the end of the file cuts it short inside the
+ * file's last cluster, where a growing file would make it read zeros. */
+bool coroutine_fn qcow2_snapshots_protect(Qcow2State *s);
 /* Index of the first snapshot whose id (when id) and name (when name)
  * match, or -1. */
 int qcow2_snapshot_find(const Qcow2Snapshot *sn, uint32_t n, const char *id, const char *name);

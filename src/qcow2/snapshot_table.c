@@ -336,14 +336,13 @@ int coroutine_fn qcow2_snapshots_cut(Qcow2State *s, uint32_t keep, QkError *err)
         s->h.snapshots_offset = old_off;
         return qk_error_set_errno(err, r, "Could not write the header");
     }
-    s->sn_table_past_eof = false;
     /* The overlap check protected all the old table claimed, past the end
      * of the file too, where the repair may now allocate. */
     qcow2_snapshots_protect(s);
     return 0;
 }
 
-void coroutine_fn qcow2_snapshots_protect(Qcow2State *s)
+bool coroutine_fn qcow2_snapshots_protect(Qcow2State *s)
 {
     Qcow2Snapshot *sn;
     uint32_t n;
@@ -352,10 +351,19 @@ void coroutine_fn qcow2_snapshots_protect(Qcow2State *s)
     if (qcow2_snapshots_read_lenient(s, &sn, &n, &len, &err) == 0) {
         qcow2_meta_set_snapshots(s, sn, n, s->h.snapshots_offset, len);
         qcow2_snapshots_free(sn, n);
-    } else {
-        qcow2_meta_set_snapshots(s, NULL, 0, s->h.snapshots_offset, len);
-        qk_error_clear(&err);
+        return false;
     }
+    qcow2_meta_set_snapshots(s, NULL, 0, s->h.snapshots_offset, len);
+    qk_error_clear(&err);
+    int64_t flen = qk_block_length(s->bs->file);
+    uint64_t end;
+    if (flen < 0 || qk_add_overflow(s->h.snapshots_offset, len, &end) || end <= (uint64_t)flen) {
+        return false;
+    }
+    /* Only what lies before the next cluster boundary: a growing file
+     * fills that with zeros without writing it. Further on, a growing
+     * file would place a cluster there, which the protection refuses. */
+    return qk_align_up(end, s->cluster_size) <= qk_align_up((uint64_t)flen, s->cluster_size);
 }
 
 int qcow2_snapshot_find(const Qcow2Snapshot *sn, uint32_t n, const char *id, const char *name)

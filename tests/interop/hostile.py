@@ -1234,7 +1234,8 @@ def run_snapshot_table_cut_short(qcowkit, work, env):
         extra = struct.unpack_from(">I", img, pos + 36)[0]
         pos += (40 + extra + id_len + name_len + 7) // 8 * 8
     disk = [("read -P 0x33 0 256k"), ("read -P 0x22 256k 256k"), ("read -P 0x11 512k 512k")]
-    snaps = {"s1": ["read -P 0x11 0 1M"], "s2": ["read -P 0x22 0 512k", "read -P 0x11 512k 512k"]}
+    snaps = {"s1": ["read -P 0x11 0 1M"], "s2": ["read -P 0x22 0 512k", "read -P 0x11 512k 512k"],
+             "s": disk}  # s3, its name cut to one letter
 
     def run(*cmd):
         return subprocess.run([qcowkit] + list(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -1244,8 +1245,10 @@ def run_snapshot_table_cut_short(qcowkit, work, env):
         r = sh(["qemu-io", "-r", "-f", fmt] + [a for c in cmds for a in ("-c", c)] + [path])
         return r.returncode == 0 and r.stdout.count("read ") == len(cmds) and "fail" not in r.stdout
 
-    for what, cut, kept, info_msg in (("in its third entry", pos + 20, ["s1", "s2"], "snapshot table is truncated"),
-                                      ("at its start", table, [], "lies past the end of the file")):
+    cases = (("in its third entry", pos + 20, ["s1", "s2"], "snapshot table is truncated"),
+             ("at its start", table, [], "lies past the end of the file"),
+             ("in its last name", len(img) - 1, ["s1", "s2", "s"], "snapshot table is truncated or too large"))
+    for what, cut, kept, info_msg in cases:
         path = os.path.join(work, "sntab-cut.qcow2")
         open(path, "wb").write(img[:cut])
         out = []
@@ -1260,8 +1263,13 @@ def run_snapshot_table_cut_short(qcowkit, work, env):
         if k.returncode != 2 or "ERROR snapshot table is truncated" not in k.stdout:
             out.append("check: exit %d: %s" % (k.returncode, k.stdout.strip()[-300:]))
         before = open(path, "rb").read()
+        # A writer would grow the file over the lost part: refused.
+        w = run("io", "-c", "write -P 0x66 8M 64k", path)
+        if w.returncode != 1 or "the end of the file" not in w.stdout or open(path, "rb").read() != before:
+            out.append("a write: exit %d: %s" % (w.returncode, w.stdout.strip()[-300:]))
         k = run("check", "-r", "leaks", path)
-        if k.returncode != 2 or "not freeing the" not in k.stdout or open(path, "rb").read() != before:
+        if k.returncode != 2 or (kept != ["s1", "s2", "s"] and "not freeing the" not in k.stdout) or \
+                open(path, "rb").read() != before:
             out.append("check -r leaks: exit %d: %s" % (k.returncode, k.stdout.strip()[-300:]))
         log = path + ".wlog"
         if os.path.exists(log):
