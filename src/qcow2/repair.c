@@ -485,6 +485,21 @@ static void release_lines(HeldLines *h, QkCheckReport *report, void *opaque)
     memset(h, 0, sizeof(*h));
 }
 
+/* Grows the file to end (zeros), durably, before anything relies on it. */
+static int coroutine_fn extend_file(Check *k, uint64_t end)
+{
+    QkError e2 = {0};
+    int r = qk_co_truncate(k->s->bs->file, end, QK_PREALLOC_OFF, &e2);
+    if (r == 0) {
+        r = qk_co_flush(k->s->bs->file);
+    }
+    qk_error_clear(&e2);
+    if (r == 0) {
+        k->s->file_size = QK_MAX(k->s->file_size, end);
+    }
+    return r;
+}
+
 int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err)
 {
     QkCheckReport *report = k->report;
@@ -560,17 +575,12 @@ int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err)
         k->opaque = opaque;
         ck_say(k, "Repairing the snapshot table: the end of the file cuts its last entry's names short; "
                "extended to 0x%llx (the missing bytes read as zeros)", (unsigned long long)k->sn_names_end);
-        QkError e2 = {0};
-        r = qk_co_truncate(k->s->bs->file, k->sn_names_end, QK_PREALLOC_OFF, &e2);
-        if (r == 0) {
-            r = qk_co_flush(k->s->bs->file);
-        }
-        qk_error_clear(&e2);
+        r = extend_file(k, k->sn_names_end);
         if (r < 0) {
             return qk_error_set_errno(err, r, "Could not extend the file over the snapshot table");
         }
-        k->s->file_size = QK_MAX(k->s->file_size, k->sn_names_end);
-        k->file_len = QK_MAX(k->file_len, k->sn_names_end);
+        /* The step below must not cut it back. */
+        k->file_len = k->sn_names_end;
         cut = 1;
     }
     uint32_t extended = 0;
@@ -582,16 +592,10 @@ int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err)
         k->opaque = opaque;
         ck_say(k, "Repairing the end of the file: extended to 0x%llx over the L2 tables it cut short",
                (unsigned long long)k->short_end);
-        QkError e2 = {0};
-        r = qk_co_truncate(k->s->bs->file, k->short_end, QK_PREALLOC_OFF, &e2);
-        if (r == 0) {
-            r = qk_co_flush(k->s->bs->file);
-        }
-        qk_error_clear(&e2);
+        r = extend_file(k, k->short_end);
         if (r < 0) {
             return qk_error_set_errno(err, r, "Could not extend the file over its cut-short L2 tables");
         }
-        k->s->file_size = QK_MAX(k->s->file_size, k->short_end);
         extended = k->short_tables;
     }
     /* What was fixed is counted as qemu-img counts it: the refcount
