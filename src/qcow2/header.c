@@ -285,18 +285,17 @@ int qcow2_validate_header(Qcow2State *s, uint64_t file_len, bool rdwr, bool l1_m
     if (h->nb_snapshots) {
         /* Each entry is at least 40 bytes; the exact size is checked when read. */
         uint64_t sn_min = (uint64_t)h->nb_snapshots * 40;
-        if (!rdwr && qk_is_aligned(h->snapshots_offset, s->cluster_size) &&
-            h->snapshots_offset >= s->cluster_size && !qk_range_within(h->snapshots_offset, sn_min, file_len)) {
-            /* A file cut short loses the table first: it is written at
-             * the end when a snapshot is taken. Read-only, the active
-             * image can still be read (and copied out); check reports the
-             * table and check -r all drops it (repair.c). The snapshot
-             * commands fail when they read it; a writer is refused. */
-        } else {
-            r = check_table(s, "snapshot table", h->snapshots_offset, sn_min, file_len, err);
-            if (r < 0) {
-                return r;
-            }
+        /* A file cut short loses the table first: it is written at the
+         * end when a snapshot is taken. Read-only, the active image can
+         * still be read (and copied out); check reports the table and
+         * check -r all drops it (repair.c). The snapshot commands fail
+         * when they read it; a writer is refused here. */
+        bool lost = !rdwr && qk_is_aligned(h->snapshots_offset, s->cluster_size) &&
+                    h->snapshots_offset >= s->cluster_size &&
+                    !qk_range_within(h->snapshots_offset, sn_min, file_len);
+        r = lost ? 0 : check_table(s, "snapshot table", h->snapshots_offset, sn_min, file_len, err);
+        if (r < 0) {
+            return r;
         }
     }
     if (h->backing_file_offset) {
