@@ -1209,15 +1209,19 @@ def cut_repair_crash_states(init, log, path, disk, reads):
     return [] if n >= 3 else ["only %d crash states of the repair" % n]
 
 # A file cut short inside its snapshot table (written last, when the
-# snapshots were taken): in the third of three entries, and at the table's
-# start. Every open used to refuse it, so check could not even report it.
+# snapshots were taken): in the third of three entries, at the table's
+# start, and in the last entry's name. Every open used to refuse the
+# first two, so check could not even report them; a writer was let grow
+# the file over the lost part, and check called the third clean.
 # Now a read-only open reads the active disk (convert copies it out), info
 # names the table, check reports it (exit 2), -r leaks frees nothing (what
 # the lost entries referenced is unknown), and -r all keeps the whole
 # entries: qemu-img then finds the image clean, lists s1 and s2 (none for
 # the cut at the start) and reads the disk and the kept snapshots as they
-# were. (qemu-img 7.2's own repair keeps a third, empty-named snapshot.)
-# A crash at any point of that repair leaves no worse an image.
+# were; for the cut name the file grows over it and s3 is kept as "s".
+# (qemu-img 7.2's own repair keeps a third, empty-named snapshot.) Each
+# write is refused, and a crash at any point of the repair leaves no
+# worse an image.
 def run_snapshot_table_cut_short(qcowkit, work, env):
     fails = []
     orig = os.path.join(work, "sntab.qcow2")
@@ -1237,9 +1241,13 @@ def run_snapshot_table_cut_short(qcowkit, work, env):
     snaps = {"s1": ["read -P 0x11 0 1M"], "s2": ["read -P 0x22 0 512k", "read -P 0x11 512k 512k"],
              "s": disk}  # s3, its name cut to one letter
 
-    def run(*cmd):
-        return subprocess.run([qcowkit] + list(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)
+    said = []  # everything qcowkit printed, for sanitizer reports
+
+    def run(*cmd, extra_env=None):
+        p = subprocess.run([qcowkit] + list(cmd), env=dict(env, **(extra_env or {})), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+        said.append(p.stdout)
+        return p
 
     def reads(path, fmt, cmds):
         r = sh(["qemu-io", "-r", "-f", fmt] + [a for c in cmds for a in ("-c", c)] + [path])
@@ -1274,8 +1282,7 @@ def run_snapshot_table_cut_short(qcowkit, work, env):
         log = path + ".wlog"
         if os.path.exists(log):
             os.unlink(log)
-        k = subprocess.run([qcowkit, "check", "-r", "all", path], env=dict(env, QCOWKIT_LOG_WRITES=log),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        k = run("check", "-r", "all", path, extra_env={"QCOWKIT_LOG_WRITES": log})
         if k.returncode != 0 or "Repairing the snapshot table" not in k.stdout:
             out.append("check -r all: exit %d: %s" % (k.returncode, k.stdout.strip()[-600:]))
         out += cut_repair_crash_states(before, log, path, disk, reads)
@@ -1293,8 +1300,11 @@ def run_snapshot_table_cut_short(qcowkit, work, env):
             sh(["qemu-img", "convert", "-l", "snapshot.name=" + snap, "-O", "raw", path, sraw])
             if not reads(sraw, "raw", snaps[snap]):
                 out.append("snapshot %s after the repair does not read back" % snap)
-        text = "".join(out)
-        ok = not out and "Sanitizer" not in text and "runtime error" not in text
+        text = "".join(said)
+        del said[:]
+        if "Sanitizer" in text or "runtime error" in text:
+            out.append("a sanitizer report:\n" + text[-1500:])
+        ok = not out
         print("%s snapshot table cut short by the end of the file %s: check, -r all" % ("ok  " if ok else "FAIL", what))
         if not ok:
             fails.append(what)
