@@ -235,7 +235,14 @@ static int run(int argc, char **argv)
                     qk_block_bitmaps_problem(bs));
         }
         SnapList sl;
-        if (list_snapshots(bs, &sl) < 0) {
+        if (list_snapshots(bs, &sl) == -QK_ECORRUPT) {
+            /* A damaged table (one a copy cut short loses first) is no
+             * reason to hide the rest of what info shows, and qemu-img
+             * prints such an image; the snapshots are not listed, and
+             * the warning says why and what can repair it. */
+            fprintf(stderr, "%s: warning: the snapshots of '%s' are not listed: %s; run '%s check' on the "
+                            "image\n", qk_progname, name, sl.err.msg, qk_progname);
+        } else if (sl.ret < 0) {
             qk_tool_error("Could not read the snapshot table of '%s': %s", name, sl.err.msg);
             qk_block_close(bs);
             ret = 1;
