@@ -30,9 +30,9 @@ trap 'rm -rf "$scratch"' EXIT
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-record() { # name status [seconds]
+record() { # name status [seconds [cpu seconds]]
   local t=""
-  [ -n "${3:-}" ] && t=" (${3} s)"
+  [ -n "${3:-}" ] && t=" (${3} s${4:+, cpu $4 s})"
   case "$2" in
     0) pass=$((pass+1)); printf 'PASS %s%s\n' "$1" "$t" ;;
     77) skip=$((skip+1)); printf 'SKIP %s%s\n' "$1" "$t" ;;
@@ -41,6 +41,24 @@ record() { # name status [seconds]
 }
 
 want() { [ -z "$pattern" ] || [[ "$1" == *"$pattern"* ]]; }
+
+# CPU seconds (user + system) used so far by the calling shell's finished
+# children, from the builtin `times`: it must run in that shell, not in a
+# $(...) subshell, so the result goes to $REPLY (milliseconds). Each
+# record carries its test's share, so the output shows which tests the
+# machine's cores spend the run on (daemons a test leaves to init, such as
+# a Ceph cluster's, are not counted).
+children_cpu_ms() {
+  local f="$scratch/times.$BASHPID" l u s
+  times >"$f"
+  { read -r l; read -r u s; } <"$f"
+  rm -f "$f"
+  REPLY=$(printf '%s\n' "$u $s" | awk '{ t = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); sub("s", "", a[2]); t += a[1] * 60 + a[2] } printf "%d\n", t * 1000 }')
+}
+cpu_since() { # ms from children_cpu_ms -> $REPLY: seconds used since, one decimal
+  children_cpu_ms
+  REPLY=$(awk -v a="$1" -v b="$REPLY" 'BEGIN { printf "%.1f\n", (b - a) / 1000 }')
+}
 
 # One lane of unit tests: every test_* binary of a build on each backend
 # given. Results go to $out as "@@RESULT name status seconds" lines, with
@@ -56,12 +74,13 @@ unit_lane() { # builddir label out backend...
       local name="unit/$(basename "$bin")[$2,$backend]"
       want "$name" || continue
       local d="$scratch/u.$2.$RANDOM$RANDOM"; mkdir -p "$d"
-      local t0=$SECONDS
+      local t0=$SECONDS c0; children_cpu_ms; c0=$REPLY
       (cd "$d" && QCOWKIT_AIO="$backend" TEST_DIR="$d" bash "$top/tests/timeout-bt.sh" 300 "$bin" >"$d/log" 2>&1)
       local st=$?
+      cpu_since "$c0"; local cpu=$REPLY
       # A timed-out test's log ends with its backtraces: show them all.
       [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && tail -n "$([ "$st" -eq 124 ] && echo 120 || echo 30)" "$d/log" >>"$out"
-      echo "@@RESULT $name $st $((SECONDS - t0))" >>"$out"
+      echo "@@RESULT $name $st $((SECONDS - t0)) $cpu" >>"$out"
       rm -rf "$d"
     done
   done
@@ -72,7 +91,7 @@ collect_lane() { # out
   [ -f "$1" ] || return 0
   while IFS= read -r line; do
     case "$line" in
-      "@@RESULT "*) local n st sec; read -r _ n st sec <<<"$line"; record "$n" "$st" "$sec" ;;
+      "@@RESULT "*) local n st sec cpu; read -r _ n st sec cpu <<<"$line"; record "$n" "$st" "$sec" "$cpu" ;;
       *) printf '%s\n' "$line" ;;
     esac
   done <"$1"
@@ -85,7 +104,7 @@ export SRC_DIR="$top"
 # The other kinds of tests, each as a lane writing "@@RESULT name status
 # seconds" lines as unit_lane does; no test shares files with another.
 functional_lane() { # out
-  local t name d t0 st out="$1"
+  local t name d t0 c0 st out="$1"
   : >"$out"
   for t in tests/functional/[0-9]*; do
     case "$t" in *.out) continue ;; esac
@@ -93,9 +112,10 @@ functional_lane() { # out
     name="functional/$(basename "$t")"
     want "$name" || continue
     d="$scratch/f.$(basename "$t")"; mkdir -p "$d"
-    t0=$SECONDS
+    t0=$SECONDS; children_cpu_ms; c0=$REPLY
     (cd "$d" && TEST_DIR="$d" timeout 600 bash "$top/$t" >"$d/actual" 2>&1)
     st=$?
+    cpu_since "$c0"; local cpu=$REPLY
     if [ "$st" -eq 0 ] && [ -f "$t.out" ]; then
       sed -e "s#$d#TEST_DIR#g" "$d/actual" > "$d/actual.f"
       if ! diff -u "$t.out" "$d/actual.f" > "$d/diff"; then
@@ -105,7 +125,7 @@ functional_lane() { # out
     elif [ "$st" -ne 0 ] && [ "$st" -ne 77 ]; then
       tail -n 30 "$d/actual" >>"$out"
     fi
-    echo "@@RESULT $name $st $((SECONDS - t0))" >>"$out"
+    echo "@@RESULT $name $st $((SECONDS - t0)) $cpu" >>"$out"
     rm -rf "$d"
   done
 }
@@ -116,7 +136,7 @@ functional_lane() { # out
 # latest run) go first, so neither lane is left alone with one at the end.
 slow_interop="rbd fault differential bitmap convert mirror-fault hostile data-file commit rebase amend"
 interop_lane() { # out
-  local t name d t0 st out="$1"
+  local t name d t0 c0 st out="$1"
   : >"$out"
   for t in $(for n in $slow_interop; do echo "tests/interop/$n.sh"; done) tests/interop/*.sh; do
     [ -f "$t" ] || continue
@@ -124,11 +144,12 @@ interop_lane() { # out
     want "$name" || continue
     mkdir "$scratch/claim.$(basename "$t")" 2>/dev/null || continue
     d="$scratch/i.$(basename "$t")"; mkdir -p "$d"
-    t0=$SECONDS
+    t0=$SECONDS; children_cpu_ms; c0=$REPLY
     (cd "$d" && TEST_DIR="$d" timeout 900 bash "$top/$t" >"$d/log" 2>&1)
     st=$?
+    cpu_since "$c0"; local cpu=$REPLY
     [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && tail -n 40 "$d/log" >>"$out"
-    echo "@@RESULT $name $st $((SECONDS - t0))" >>"$out"
+    echo "@@RESULT $name $st $((SECONDS - t0)) $cpu" >>"$out"
     rm -rf "$d"
   done
 }
@@ -141,12 +162,13 @@ interop_lane() { # out
 run_crash() { # out name kind config qcowkit [options for the test]
   want "$2" || return 0
   local d="$scratch/c.$RANDOM$RANDOM"; mkdir -p "$d"
-  local t0=$SECONDS
+  local t0=$SECONDS c0; children_cpu_ms; c0=$REPLY
   (cd "$d" && QCOWKIT="$5" TEST_DIR="$d" timeout 900 bash "$top/tests/crash/run.sh" --only "$3" "$4" "${@:6}" >"$d/log" 2>&1)
   local st=$?
+  cpu_since "$c0"; local cpu=$REPLY
   grep -E '^(PASS|FAIL) ' "$d/log" >>"$1"
   [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && tail -n 40 "$d/log" >>"$1"
-  echo "@@RESULT $2 $st $((SECONDS - t0))" >>"$1"
+  echo "@@RESULT $2 $st $((SECONDS - t0)) $cpu" >>"$1"
   rm -rf "$d"
 }
 crash_lane() { # out
@@ -165,16 +187,17 @@ crash_lane() { # out
 # Fuzz targets (clang, build-fuzz/): each replays its regression inputs,
 # then fuzzes 10 s from the seed corpus. tests/fuzz/run.sh --long runs longer.
 fuzz_lane() { # out
-  local t name t0 st o out="$1"
+  local t name t0 c0 st o out="$1"
   : >"$out"
   for t in image check nbd control; do
     name="fuzz/$t"
     want "$name" || continue
-    t0=$SECONDS
+    t0=$SECONDS; children_cpu_ms; c0=$REPLY
     o=$(bash tests/fuzz/run.sh --short 10 "$t" 2>&1)
     st=$?
+    cpu_since "$c0"; local cpu=$REPLY
     [ "$st" -ne 0 ] && [ "$st" -ne 77 ] && printf '%s\n' "$o" | tail -n 60 >>"$out"
-    echo "@@RESULT $name $st $((SECONDS - t0))" >>"$out"
+    echo "@@RESULT $name $st $((SECONDS - t0)) $cpu" >>"$out"
   done
 }
 
@@ -196,11 +219,14 @@ if [ "$jobs" -ge 2 ]; then
     interop_lane "$scratch/lane.interop$extra" &
     lane_pids+=($!)
   done
-  unit_lane build-asan asan "$scratch/lane.asan" io_uring threads
-  functional_lane "$scratch/lane.functional"
-  crash_lane "$scratch/lane.crash"
-  fuzz_lane "$scratch/lane.fuzz"
-  interop_lane "$scratch/lane.interop2"
+  # A subshell too: a shell that reaps another lane when it ends would
+  # count that lane's CPU time in its test's record.
+  (unit_lane build-asan asan "$scratch/lane.asan" io_uring threads
+   functional_lane "$scratch/lane.functional"
+   crash_lane "$scratch/lane.crash"
+   fuzz_lane "$scratch/lane.fuzz"
+   interop_lane "$scratch/lane.interop2") &
+  lane_pids+=($!)
   wait "${lane_pids[@]}"
 else
   unit_lane build plain "$scratch/lane.plain" io_uring
