@@ -339,6 +339,19 @@ static int coroutine_fn check_snapshots(Check *k)
         /* The last entry's padding need not be in the file. */
         if (k->sn_whole == i && qk_range_within(entry, 40ULL + extra + id_len + name_len, k->file_len)) {
             k->sn_whole = i + 1;
+        } else if (k->sn_whole == i && i < nb - 1 && k->file_len - (entry + 40) < 40ULL * (nb - 1 - i)) {
+            /* The end of the file is inside an earlier entry's extra data
+             * or names, so close to it that the entries after it could
+             * not be in the file whatever its lengths say (each takes 40
+             * bytes at least): cut short there, as in its fixed part.
+             * (With room for them, a damaged length is as likely as a
+             * cut, and the entry is reported below and left alone.) */
+            k->sn_cut_short = true;
+            ck_say(k, "ERROR snapshot table is truncated");
+            k->res->corruptions++;
+            k->partial = true;
+            add_ref(k, off, k->file_len - off, CK_META);
+            return 0;
         } else if (k->sn_whole == i && i == nb - 1 && extra <= QCOW2_SN_MAX_EXTRA) {
             /* (A bounded extension: at most 1 KiB of extra data and two
              * 64 KiB names.) */

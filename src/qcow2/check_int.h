@@ -46,8 +46,9 @@ typedef struct Check {
      * refcounts but never lower them. */
     bool partial;
     /* The end of the file cuts the snapshot table short (or it lies all
-     * past it) between entries or in an entry's fixed part: only its
-     * first sn_whole entries are in the file. */
+     * past it) between entries, in an entry's fixed part, or in an
+     * entry's extra data or names with no room left for the entries
+     * after it: only its first sn_whole entries are in the file. */
     bool sn_cut_short;
     uint32_t sn_whole;
     /* Or it cuts the last entry's names short: where they end (0: not). */

@@ -1221,6 +1221,8 @@ def cut_repair_crash_states(init, log, path, disk, reads):
 # entries: qemu-img then finds the image clean, lists s1 and s2 (none for
 # the cut at the start) and reads the disk and the kept snapshots as they
 # were; for the cut name the file grows over it and s3 is kept as "s".
+# A cut in the second entry's extra data is a cut too (no room is left
+# for the third entry's fixed part): s1 is kept.
 # (qemu-img 7.2's own repair keeps a third, empty-named snapshot.) Each
 # write is refused, and a crash at any point of the repair leaves no
 # worse an image.
@@ -1235,7 +1237,9 @@ def run_snapshot_table_cut_short(qcowkit, work, env):
     img = open(orig, "rb").read()
     nb, table = struct.unpack_from(">IQ", img, 60)
     pos = table
+    starts = []
     for _ in range(2):
+        starts.append(pos)
         id_len, name_len = struct.unpack_from(">HH", img, pos + 12)
         extra = struct.unpack_from(">I", img, pos + 36)[0]
         pos += (40 + extra + id_len + name_len + 7) // 8 * 8
@@ -1257,7 +1261,11 @@ def run_snapshot_table_cut_short(qcowkit, work, env):
 
     cases = (("in its third entry", pos + 20, ["s1", "s2"], "snapshot table is truncated"),
              ("at its start", table, [], "lies past the end of the file"),
-             ("in its last name", len(img) - 1, ["s1", "s2", "s"], "snapshot table is truncated or too large"))
+             ("in its last name", len(img) - 1, ["s1", "s2", "s"], "snapshot table is truncated or too large"),
+             # 10 bytes into s2's extra data: no room for s3's fixed part
+             # after it, whatever s2's lengths, so a cut (not a damaged
+             # length): cut there too.
+             ("in the second entry's extra data", starts[1] + 50, ["s1"], "snapshot table is truncated or too large"))
     for what, cut, kept, info_msg in cases:
         path = os.path.join(work, "sntab-cut.qcow2")
         open(path, "wb").write(img[:cut])
@@ -1315,6 +1323,75 @@ def run_snapshot_table_cut_short(qcowkit, work, env):
             fails.append(what)
             print("     " + "\n     ".join(out))
     return len(fails)
+
+# The same cut where the bitmap directory survives it: with 512-byte
+# clusters the ninth snapshot's table (two clusters) no longer fits where
+# the eighth one was freed and goes to the end of the file, while the
+# bitmap directory and table written after it go into freed clusters
+# before it. The end of the file inside the fourth entry's extra data:
+# -r all keeps three snapshots and the bitmap, and qemu-img then finds the
+# image clean, lists the bitmap and can use it.
+def run_snapshot_table_cut_bitmap_kept(qcowkit, work, env):
+    path = os.path.join(work, "sntab-bm.qcow2")
+    sh(["rm", "-f", path])
+    sh(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "cluster_size=512", path, "1M"])
+    out = []
+    said = []
+
+    def run(*cmd):
+        p = subprocess.run([qcowkit] + list(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+        said.append(p.stdout)
+        return p
+    run("bitmap", "--add", path, "b1")
+    for i in range(1, 10):
+        run("io", "-c", "write -P 0x%d%d %dk 4k" % (i, i, 4 * i), path)
+        run("snapshot", "-c", "snap-number-%d" % i, path)
+    img = open(path, "rb").read()
+    table = struct.unpack_from(">Q", img, 64)[0]
+    start, _, exts = header_exts(img)
+    bm_dir = [struct.unpack_from(">Q", d, 16)[0] for t, d in exts if t == 0x23852875]
+    if not bm_dir or bm_dir[0] > table or table + 9 * 72 > len(img):
+        print("FAIL snapshot table cut short with the bitmap directory before it: the layout is not what the "
+              "case needs (table %#x, bitmap directory %r, file %d bytes)" % (table, bm_dir, len(img)))
+        return 1
+    pos = table
+    for _ in range(3):
+        id_len, name_len = struct.unpack_from(">HH", img, pos + 12)
+        extra = struct.unpack_from(">I", img, pos + 36)[0]
+        pos += (40 + extra + id_len + name_len + 7) // 8 * 8
+    open(path, "wb").write(img[:pos + 44])
+    k = run("check", path)
+    if k.returncode != 2 or "snapshot table is truncated" not in k.stdout:
+        out.append("check: exit %d: %s" % (k.returncode, k.stdout.strip()[-300:]))
+    k = run("check", "-r", "all", path)
+    if k.returncode != 0 or "keeping its first 3 of 9 entries" not in k.stdout:
+        out.append("check -r all: exit %d: %s" % (k.returncode, k.stdout.strip()[-600:]))
+    q = sh(["qemu-img", "check", path])
+    if q.returncode != 0:
+        out.append("qemu-img check after the repair: exit %d: %s" % (q.returncode, q.stdout.strip()[-300:]))
+    names = [l.split()[1] for l in sh(["qemu-img", "snapshot", "-l", path]).stdout.splitlines()[2:]]
+    if names != ["snap-number-1", "snap-number-2", "snap-number-3"]:
+        out.append("snapshots after the repair: %r" % names)
+    info = sh(["qemu-img", "info", "--output=json", path]).stdout
+    if '"name": "b1"' not in info:
+        out.append("the bitmap is gone: %s" % info[-500:])
+    rd = sh(["qemu-io", "-r", "-f", "qcow2"] + [a for i in range(1, 10) for a in
+                                                ("-c", "read -P 0x%d%d %dk 4k" % (i, i, 4 * i))] + [path])
+    if rd.returncode != 0 or rd.stdout.count("read 4096/4096") != 9:
+        out.append("the disk after the repair does not read back: %s" % rd.stdout[-300:])
+    d = sh(["qemu-img", "bitmap", "--disable", path, "b1"])
+    if d.returncode != 0 or sh(["qemu-img", "check", path]).returncode != 0:
+        out.append("qemu-img bitmap --disable: exit %d: %s" % (d.returncode, d.stdout[-300:]))
+    text = "".join(said)
+    if "Sanitizer" in text or "runtime error" in text:
+        out.append("a sanitizer report:\n" + text[-1500:])
+    ok = not out
+    print("%s snapshot table cut short with the bitmap directory before it: 3 of 9 kept, the bitmap too" %
+          ("ok  " if ok else "FAIL"))
+    if not ok:
+        print("     " + "\n     ".join(out))
+    return 0 if ok else 1
 
 # snapshot -d where the file ends inside an active L2 table: the flags of
 # that table could not follow the lowered refcounts (it ended with 24
@@ -1544,6 +1621,7 @@ def main():
     fails += run_refcount_block_past_eof(qcowkit, work, env)
     fails += run_qcow_version1(qcowkit, work, env)
     fails += run_snapshot_table_cut_short(qcowkit, work, env)
+    fails += run_snapshot_table_cut_bitmap_kept(qcowkit, work, env)
     ncomp, cfails = run_compressed(qcowkit, work, env)
     fails += cfails
     nbm, bfails = run_bitmap_dir_damage(qcowkit, work, env)
