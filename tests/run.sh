@@ -61,16 +61,20 @@ cpu_since() { # ms from children_cpu_ms -> $REPLY: seconds used since, one decim
 }
 
 # One lane of unit tests: every test_* binary of a build on each backend
-# given. Results go to $out as "@@RESULT name status seconds" lines, with
+# given (the tests of code that does no I/O, no_io_tests, on the first
+# only). Results go to $out as "@@RESULT name status seconds" lines, with
 # the tail of a failing test's log before its line; record() reads them
 # afterwards, so two lanes (plain and sanitizer builds) can run side by
 # side.
+no_io_tests="test_hbitmap test_iov test_ratelimit test_size"
 unit_lane() { # builddir label out backend...
   local bin backend out="$3"
   : >"$out"
   for backend in "${@:4}"; do
     for bin in "$top/$1"/tests/test_*; do
       [ -f "$bin" ] && [ -x "$bin" ] || continue
+      # Tests of code that does no I/O run on the first backend only.
+      [ "$backend" != "$4" ] && [[ " $no_io_tests " == *" $(basename "$bin") "* ]] && continue
       local name="unit/$(basename "$bin")[$2,$backend]"
       want "$name" || continue
       local d="$scratch/u.$2.$RANDOM$RANDOM"; mkdir -p "$d"
