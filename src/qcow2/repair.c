@@ -399,7 +399,10 @@ static int coroutine_fn repair(Check *k, int fix, QkError *err)
  * open refuse the table. -r all keeps the first bytes of it, as qemu-img
  * does, and writes the table anew (new clusters durable before the header
  * names them, the old ones freed last). It runs after the refcounts are
- * right, since writing the table allocates. */
+ * right, since writing the table allocates. Entries of a v3 image with
+ * too little extra data for the disk size (check's "incomplete") are
+ * written with all of it, as qemu-img repairs them: the disk size is the
+ * image's, the instruction count unknown. */
 static int coroutine_fn fix_snapshot_extra(Check *k, QkError *err)
 {
     Qcow2State *s = k->s;
@@ -411,11 +414,17 @@ static int coroutine_fn fix_snapshot_extra(Check *k, QkError *err)
         return 0; /* damaged otherwise: check reports what it finds */
     }
     int r = 0;
-    if (capped) {
+    uint32_t incomplete = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        incomplete += sn[i].incomplete;
+    }
+    if (capped || incomplete) {
         for (uint32_t i = 0; i < n; i++) {
             if (sn[i].extra_dropped) {
                 ck_say(k, "Discarding too much extra metadata in snapshot table entry %u (%u > %u)", i,
                        sn[i].extra_dropped, QCOW2_SN_MAX_EXTRA);
+            } else if (sn[i].incomplete) {
+                ck_say(k, "Repairing snapshot table entry %u is incomplete", i); /* qemu-img's words */
             }
         }
         r = qcow2_snapshots_write(s, sn, n, err);

@@ -39,6 +39,7 @@ typedef struct Qcow2Snapshot {
     uint8_t *extra_unknown;      /* extra data past the fields we know, kept */
     uint32_t extra_unknown_len;
     uint32_t extra_dropped;      /* capped read: extra bytes on disk, when cut to the limit */
+    bool incomplete;             /* v3, and less extra data than the disk size needs (read as the image's size) */
     bool l1_bad;                 /* lenient read: the L1 table is not where it can be read */
 } Qcow2Snapshot;
 

@@ -137,6 +137,7 @@ static int coroutine_fn read_table(Qcow2State *s, Qcow2Snapshot **out, uint32_t 
             break;
         }
         r = parse_entry(s, fixed, var, &sn[i], extra, id_len, name_len);
+        sn[i].incomplete = qcow2_is_v3(s) && disk_extra < 16;
         if (r < 0) {
             qk_error_set(err, r, "out of memory");
             break;
