@@ -898,8 +898,9 @@ def snapshot_entries(img):
 # (8 bytes: the VM state size only; none at all): check reports each as
 # incomplete, and -r all writes the table anew with all of it (the disk
 # size the image's, no instruction count), byte for byte the table
-# qemu-img's repair writes; the snapshots still read back. check -r all
-# used to leave them (exit 2).
+# qemu-img's repair writes; the snapshots still read back, and so does
+# the disk in every crash state of the repair. check -r all used to leave
+# them (exit 2).
 def run_snapshot_incomplete(qcowkit, work, env):
     path = os.path.join(work, "sninc.qcow2")
     snapshot_image(path, "64M", "write -P 0x11 0 1M", "write -P 0x22 0 512k")
@@ -917,10 +918,16 @@ def run_snapshot_incomplete(qcowkit, work, env):
     qpath = path + ".q"
     open(qpath, "wb").write(img)
     chk = subprocess.run([qcowkit, "check", path], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    fix = subprocess.run([qcowkit, "check", "-r", "all", path], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+    log = path + ".wlog"
+    fix = subprocess.run([qcowkit, "check", "-r", "all", path], env=dict(env, QCOWKIT_LOG_WRITES=log),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     qfix = sh(["qemu-img", "check", "-r", "all", qpath])
-    why = []
+
+    def reads(p, fmt, cmds):
+        r = sh(["qemu-io", "-r", "-f", fmt] + [a for c in cmds for a in ("-c", c)] + [p])
+        return r.returncode == 0 and r.stdout.count("read ") == len(cmds) and "fail" not in r.stdout
+    # A crash at any point of the repair: no worse an image, the disk intact.
+    why = cut_repair_crash_states(bytes(img), log, path, ["read -P 0x22 0 512k", "read -P 0x11 512k 512k"], reads)
     if chk.returncode != 2 or chk.stdout.count("ERROR snapshot table entry") != 2 or "0 is incomplete" not in chk.stdout:
         why.append("check: exit %d" % chk.returncode)
     if fix.returncode != 0 or "Repairing snapshot table entry 1 is incomplete" not in fix.stdout or \
