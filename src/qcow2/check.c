@@ -302,6 +302,7 @@ static int coroutine_fn check_snapshots(Check *k)
     uint32_t nb = s->h.nb_snapshots;
     k->sn_cut_short = false;
     k->sn_whole = 0;
+    k->sn_partial_end = 0;
     k->sn_names_end = 0;
     if (!nb) {
         return 0;
@@ -315,6 +316,19 @@ static int coroutine_fn check_snapshots(Check *k)
              * rest is gone. An entry whose names run past the end (a
              * damaged length as likely as a cut) is not that. */
             k->sn_cut_short = !qk_range_within(pos, sizeof(fixed), k->file_len) && k->sn_whole == i;
+            uint8_t l1f[12];
+            if (k->sn_cut_short && qk_range_within(pos, sizeof(l1f), k->file_len) &&
+                qk_co_pread(s->bs->file, pos, sizeof(l1f), l1f, 0) == 0) {
+                /* Its L1 table survives the cut: what the snapshot holds
+                 * can be kept. */
+                uint64_t l1_off = qk_be64_get(l1f);
+                uint32_t l1_size = qk_be32_get(l1f + 8);
+                if (l1_size && qk_is_aligned(l1_off, s->cluster_size) &&
+                    (uint64_t)l1_size * 8 <= QCOW2_MAX_L1_BYTES &&
+                    qk_range_within(l1_off, (uint64_t)l1_size * 8, k->file_len)) {
+                    k->sn_partial_end = pos + sizeof(fixed);
+                }
+            }
             ck_say(k, "ERROR snapshot table is truncated");
             k->res->corruptions++;
             k->partial = true;

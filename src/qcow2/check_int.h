@@ -51,6 +51,10 @@ typedef struct Check {
      * after it: only its first sn_whole entries are in the file. */
     bool sn_cut_short;
     uint32_t sn_whole;
+    /* And the cut falls in entry sn_whole's fixed part after its L1
+     * table's offset and size, which name a table in the file: where that
+     * fixed part ends (0: not so). -r all keeps the entry, nameless. */
+    uint64_t sn_partial_end;
     /* Or it cuts the last entry's names short: where they end (0: not). */
     uint64_t sn_names_end;
     /* Where the file must end for every L2 table that starts inside it to

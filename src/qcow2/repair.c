@@ -563,18 +563,56 @@ int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err)
         k->report = report;
         k->opaque = opaque;
         uint32_t nb = k->s->h.nb_snapshots;
-        if (k->sn_whole) {
-            ck_say(k, "Repairing the snapshot table: the end of the file cuts it short; keeping its first "
-                   "%u of %u entries", k->sn_whole, nb);
+        if (k->sn_partial_end) {
+            /* The cut entry's L1 table is in the file: the entries after
+             * it are dropped (header first), then the file grows over the
+             * rest of its fixed part and the entry is written whole with
+             * what survives of it, no id, no name and no extra data (a v3
+             * image's is written below with the incomplete entries). */
+            uint32_t keep = k->sn_whole + 1;
+            uint64_t at = k->sn_partial_end - QCOW2_SN_FIXED_LEN;
+            uint8_t ent[QCOW2_SN_FIXED_LEN] = {0};
+            r = qk_co_pread(k->s->bs->file, at, k->file_len - at, ent, 0);
+            if (r < 0) {
+                return qk_error_set_errno(err, r, "Could not read the snapshot table");
+            }
+            memset(ent + 12, 0, 4);
+            memset(ent + 36, 0, 4);
+            ck_say(k, "Repairing the snapshot table: the end of the file cuts entry %u short after its L1 "
+                   "table's place; keeping %u of %u entries, the last without a name or an id (the file "
+                   "extended to 0x%llx)", k->sn_whole, keep, nb,
+                   (unsigned long long)k->sn_partial_end);
+            r = keep < nb ? qcow2_snapshots_cut(k->s, keep, err) : 0;
+            if (r < 0) {
+                return r;
+            }
+            r = extend_file(k, k->sn_partial_end);
+            if (r == 0) {
+                r = qk_co_pwrite(k->s->bs->file, at, sizeof(ent), ent, QK_REQ_KIND(QK_IO_SNAPSHOT));
+            }
+            if (r == 0) {
+                r = qk_co_flush(k->s->bs->file);
+            }
+            if (r < 0) {
+                return qk_error_set_errno(err, r, "Could not extend the file over the snapshot table");
+            }
+            k->file_len = k->sn_partial_end;
+            qcow2_snapshots_protect(k->s);
+            cut = 1;
         } else {
-            ck_say(k, "Repairing the snapshot table: it lies past the end of the file; dropping its %u "
-                   "entr%s", nb, nb == 1 ? "y" : "ies");
+            if (k->sn_whole) {
+                ck_say(k, "Repairing the snapshot table: the end of the file cuts it short; keeping its first "
+                       "%u of %u entries", k->sn_whole, nb);
+            } else {
+                ck_say(k, "Repairing the snapshot table: it lies past the end of the file; dropping its %u "
+                       "entr%s", nb, nb == 1 ? "y" : "ies");
+            }
+            r = qcow2_snapshots_cut(k->s, k->sn_whole, err);
+            if (r < 0) {
+                return r;
+            }
+            cut = 1;
         }
-        r = qcow2_snapshots_cut(k->s, k->sn_whole, err);
-        if (r < 0) {
-            return r;
-        }
-        cut = 1;
     }
     if ((fix & QK_CHECK_FIX_ERRORS) && k->sn_names_end > k->file_len) {
         /* Only the last entry's names are missing (or its lengths are

@@ -1294,10 +1294,11 @@ def cut_repair_crash_states(init, log, path, disk, reads):
 # entries: qemu-img then finds the image clean, lists s1 and s2 (none for
 # the cut at the start) and reads the disk and the kept snapshots as they
 # were; for the cut name the file grows over it and s3 is kept as "s".
+# The cut in the third entry's fixed part spares its L1 table's offset
+# and size: s3 is kept too, without a name or an id (qemu-img keeps it too).
 # A cut in the second entry's extra data is a cut too (no room is left
 # for the third entry's fixed part): s1 is kept.
-# (qemu-img 7.2's own repair keeps a third, empty-named snapshot.) Each
-# write is refused, and a crash at any point of the repair leaves no
+# Each write is refused, and a crash at any point of the repair leaves no
 # worse an image.
 def run_snapshot_table_cut_short(qcowkit, work, env):
     fails = []
@@ -1318,7 +1319,7 @@ def run_snapshot_table_cut_short(qcowkit, work, env):
         pos += (40 + extra + id_len + name_len + 7) // 8 * 8
     disk = [("read -P 0x33 0 256k"), ("read -P 0x22 256k 256k"), ("read -P 0x11 512k 512k")]
     snaps = {"s1": ["read -P 0x11 0 1M"], "s2": ["read -P 0x22 0 512k", "read -P 0x11 512k 512k"],
-             "s": disk}  # s3, its name cut to one letter
+             "s": disk, "": disk}  # s3, its name cut to one letter, or gone
 
     said = []  # everything qcowkit printed, for sanitizer reports
 
@@ -1332,7 +1333,8 @@ def run_snapshot_table_cut_short(qcowkit, work, env):
         r = sh(["qemu-io", "-r", "-f", fmt] + [a for c in cmds for a in ("-c", c)] + [path])
         return r.returncode == 0 and r.stdout.count("read ") == len(cmds) and "fail" not in r.stdout
 
-    cases = (("in its third entry", pos + 20, ["s1", "s2"], "snapshot table is truncated"),
+    # "" is s3 kept without a name (its L1 table's place survives the cut).
+    cases = (("in its third entry", pos + 20, ["s1", "s2", ""], "snapshot table is truncated"),
              ("at its start", table, [], "lies past the end of the file"),
              ("in its last name", len(img) - 1, ["s1", "s2", "s"], "snapshot table is truncated or too large"),
              # 10 bytes into s2's extra data: no room for s3's fixed part
@@ -1375,15 +1377,17 @@ def run_snapshot_table_cut_short(qcowkit, work, env):
         q = sh(["qemu-img", "check", path])
         if q.returncode != 0:
             out.append("qemu-img check after the repair: exit %d: %s" % (q.returncode, q.stdout.strip()[-300:]))
-        lst = sh(["qemu-img", "snapshot", "-l", path]).stdout
-        names = [l.split()[1] for l in lst.splitlines()[2:] if len(l.split()) > 1]
+        names = [sn["name"] for sn in json.loads(sh(["qemu-img", "info", "--output=json", path]).stdout or "{}")
+                 .get("snapshots", [])]
         if names != kept:
             out.append("snapshots after the repair: %r, not %r" % (names, kept))
         if not reads(path, "qcow2", disk):
             out.append("the disk after the repair does not read back")
         for snap in kept:
             sraw = path + "." + snap + ".raw"
-            sh(["qemu-img", "convert", "-l", "snapshot.name=" + snap, "-O", "raw", path, sraw])
+            # The nameless one has no id either: qemu-img finds it by its empty id.
+            sh(["qemu-img", "convert", "-l", ("snapshot.name=" + snap) if snap else "snapshot.id=", "-O", "raw",
+                path, sraw])
             if not reads(sraw, "raw", snaps[snap]):
                 out.append("snapshot %s after the repair does not read back" % snap)
         text = "".join(said)
