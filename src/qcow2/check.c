@@ -296,6 +296,17 @@ static void coroutine_fn entry_string(Check *k, uint64_t off, uint16_t len, char
     buf[n] = 0;
 }
 
+/* A snapshot entry cut short whose first 12 bytes (its L1 table's offset
+ * and size) name a table in the file: what the snapshot holds can be
+ * kept. */
+static bool l1_in_file(const Check *k, const uint8_t *fixed)
+{
+    uint64_t l1_off = qk_be64_get(fixed);
+    uint32_t l1_size = qk_be32_get(fixed + 8);
+    return l1_size && qk_is_aligned(l1_off, k->s->cluster_size) && (uint64_t)l1_size * 8 <= QCOW2_MAX_L1_BYTES &&
+           qk_range_within(l1_off, (uint64_t)l1_size * 8, k->file_len);
+}
+
 static int coroutine_fn check_snapshots(Check *k)
 {
     Qcow2State *s = k->s;
@@ -318,16 +329,8 @@ static int coroutine_fn check_snapshots(Check *k)
             k->sn_cut_short = !qk_range_within(pos, sizeof(fixed), k->file_len) && k->sn_whole == i;
             uint8_t l1f[12];
             if (k->sn_cut_short && qk_range_within(pos, sizeof(l1f), k->file_len) &&
-                qk_co_pread(s->bs->file, pos, sizeof(l1f), l1f, 0) == 0) {
-                /* Its L1 table survives the cut: what the snapshot holds
-                 * can be kept. */
-                uint64_t l1_off = qk_be64_get(l1f);
-                uint32_t l1_size = qk_be32_get(l1f + 8);
-                if (l1_size && qk_is_aligned(l1_off, s->cluster_size) &&
-                    (uint64_t)l1_size * 8 <= QCOW2_MAX_L1_BYTES &&
-                    qk_range_within(l1_off, (uint64_t)l1_size * 8, k->file_len)) {
-                    k->sn_partial_end = pos + sizeof(fixed);
-                }
+                qk_co_pread(s->bs->file, pos, sizeof(l1f), l1f, 0) == 0 && l1_in_file(k, l1f)) {
+                k->sn_partial_end = pos + sizeof(fixed);
             }
             ck_say(k, "ERROR snapshot table is truncated");
             k->res->corruptions++;
@@ -361,6 +364,9 @@ static int coroutine_fn check_snapshots(Check *k)
              * (With room for them, a damaged length is as likely as a
              * cut, and the entry is reported below and left alone.) */
             k->sn_cut_short = true;
+            if (l1_in_file(k, fixed)) {
+                k->sn_partial_end = entry + sizeof(fixed);
+            }
             ck_say(k, "ERROR snapshot table is truncated");
             k->res->corruptions++;
             k->partial = true;

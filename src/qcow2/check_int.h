@@ -51,9 +51,10 @@ typedef struct Check {
      * after it: only its first sn_whole entries are in the file. */
     bool sn_cut_short;
     uint32_t sn_whole;
-    /* And the cut falls in entry sn_whole's fixed part after its L1
-     * table's offset and size, which name a table in the file: where that
-     * fixed part ends (0: not so). -r all keeps the entry, nameless. */
+    /* And the cut falls in entry sn_whole after its L1 table's offset
+     * and size, which name a table in the file: where its fixed part ends
+     * (0: not so; it may be before the end of the file when the cut is in
+     * its extra data or names). -r all keeps the entry, nameless. */
     uint64_t sn_partial_end;
     /* Or it cuts the last entry's names short: where they end (0: not). */
     uint64_t sn_names_end;

@@ -566,27 +566,28 @@ int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err)
         if (k->sn_partial_end) {
             /* The cut entry's L1 table is in the file: the entries after
              * it are dropped (header first), then the file grows over the
-             * rest of its fixed part and the entry is written whole with
-             * what survives of it, no id, no name and no extra data (a v3
-             * image's is written below with the incomplete entries). */
+             * rest of its fixed part (if the cut is in it) and the fixed
+             * part is written with what survives of it, no id, no name and
+             * no extra data (a v3 image's is written below with the
+             * incomplete entries). */
             uint32_t keep = k->sn_whole + 1;
             uint64_t at = k->sn_partial_end - QCOW2_SN_FIXED_LEN;
             uint8_t ent[QCOW2_SN_FIXED_LEN] = {0};
-            r = qk_co_pread(k->s->bs->file, at, k->file_len - at, ent, 0);
+            r = qk_co_pread(k->s->bs->file, at, QK_MIN(k->file_len - at, sizeof(ent)), ent, 0);
             if (r < 0) {
                 return qk_error_set_errno(err, r, "Could not read the snapshot table");
             }
             memset(ent + 12, 0, 4);
             memset(ent + 36, 0, 4);
             ck_say(k, "Repairing the snapshot table: the end of the file cuts entry %u short after its L1 "
-                   "table's place; keeping %u of %u entries, the last without a name or an id (the file "
-                   "extended to 0x%llx)", k->sn_whole, keep, nb,
-                   (unsigned long long)k->sn_partial_end);
+                   "table's place; keeping %u of %u entries, the last without a name or an id", k->sn_whole,
+                   keep, nb);
             r = keep < nb ? qcow2_snapshots_cut(k->s, keep, err) : 0;
             if (r < 0) {
                 return r;
             }
-            r = extend_file(k, k->sn_partial_end);
+            /* (Never shorter: a cut in its names leaves the file longer.) */
+            r = k->sn_partial_end > k->file_len ? extend_file(k, k->sn_partial_end) : 0;
             if (r == 0) {
                 r = qk_co_pwrite(k->s->bs->file, at, sizeof(ent), ent, QK_REQ_KIND(QK_IO_SNAPSHOT));
             }
@@ -596,7 +597,7 @@ int coroutine_fn ck_repair(Check *k, int fix, QkCheckResult *res, QkError *err)
             if (r < 0) {
                 return qk_error_set_errno(err, r, "Could not extend the file over the snapshot table");
             }
-            k->file_len = k->sn_partial_end;
+            k->file_len = QK_MAX(k->file_len, k->sn_partial_end);
             qcow2_snapshots_protect(k->s);
             cut = 1;
         } else {

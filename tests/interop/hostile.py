@@ -1297,7 +1297,7 @@ def cut_repair_crash_states(init, log, path, disk, reads):
 # The cut in the third entry's fixed part spares its L1 table's offset
 # and size: s3 is kept too, without a name or an id (qemu-img keeps it too).
 # A cut in the second entry's extra data is a cut too (no room is left
-# for the third entry's fixed part): s1 is kept.
+# for the third entry's fixed part): s1 is kept, and s2 without a name.
 # Each write is refused, and a crash at any point of the repair leaves no
 # worse an image.
 def run_snapshot_table_cut_short(qcowkit, work, env):
@@ -1319,7 +1319,7 @@ def run_snapshot_table_cut_short(qcowkit, work, env):
         pos += (40 + extra + id_len + name_len + 7) // 8 * 8
     disk = [("read -P 0x33 0 256k"), ("read -P 0x22 256k 256k"), ("read -P 0x11 512k 512k")]
     snaps = {"s1": ["read -P 0x11 0 1M"], "s2": ["read -P 0x22 0 512k", "read -P 0x11 512k 512k"],
-             "s": disk, "": disk}  # s3, its name cut to one letter, or gone
+             "s": disk}  # s3, its name cut to one letter
 
     said = []  # everything qcowkit printed, for sanitizer reports
 
@@ -1333,15 +1333,19 @@ def run_snapshot_table_cut_short(qcowkit, work, env):
         r = sh(["qemu-io", "-r", "-f", fmt] + [a for c in cmds for a in ("-c", c)] + [path])
         return r.returncode == 0 and r.stdout.count("read ") == len(cmds) and "fail" not in r.stdout
 
-    # "" is s3 kept without a name (its L1 table's place survives the cut).
-    cases = (("in its third entry", pos + 20, ["s1", "s2", ""], "snapshot table is truncated"),
-             ("at its start", table, [], "lies past the end of the file"),
-             ("in its last name", len(img) - 1, ["s1", "s2", "s"], "snapshot table is truncated or too large"),
+    # (what, where, the snapshots kept by name, what each holds, info's
+    # message). A nameless snapshot ("") is one whose L1 table's place
+    # survives the cut.
+    cases = (("in its third entry", pos + 20, ["s1", "s2", ""], ["s1", "s2", "s"], "snapshot table is truncated"),
+             ("at its start", table, [], [], "lies past the end of the file"),
+             ("in its last name", len(img) - 1, ["s1", "s2", "s"], ["s1", "s2", "s"],
+              "snapshot table is truncated or too large"),
              # 10 bytes into s2's extra data: no room for s3's fixed part
              # after it, whatever s2's lengths, so a cut (not a damaged
-             # length): cut there too.
-             ("in the second entry's extra data", starts[1] + 50, ["s1"], "snapshot table is truncated or too large"))
-    for what, cut, kept, info_msg in cases:
+             # length): s3 is dropped, s2 kept without a name.
+             ("in the second entry's extra data", starts[1] + 50, ["s1", ""], ["s1", "s2"],
+              "snapshot table is truncated or too large"))
+    for what, cut, kept, holds, info_msg in cases:
         path = os.path.join(work, "sntab-cut.qcow2")
         open(path, "wb").write(img[:cut])
         out = []
@@ -1383,12 +1387,12 @@ def run_snapshot_table_cut_short(qcowkit, work, env):
             out.append("snapshots after the repair: %r, not %r" % (names, kept))
         if not reads(path, "qcow2", disk):
             out.append("the disk after the repair does not read back")
-        for snap in kept:
-            sraw = path + "." + snap + ".raw"
+        for snap, key in zip(kept, holds):
+            sraw = path + "." + key + ".raw"
             # The nameless one has no id either: qemu-img finds it by its empty id.
             sh(["qemu-img", "convert", "-l", ("snapshot.name=" + snap) if snap else "snapshot.id=", "-O", "raw",
                 path, sraw])
-            if not reads(sraw, "raw", snaps[snap]):
+            if not reads(sraw, "raw", snaps[key]):
                 out.append("snapshot %s after the repair does not read back" % snap)
         text = "".join(said)
         del said[:]
@@ -1406,8 +1410,9 @@ def run_snapshot_table_cut_short(qcowkit, work, env):
 # the eighth one was freed and goes to the end of the file, while the
 # bitmap directory and table written after it go into freed clusters
 # before it. The end of the file inside the fourth entry's extra data:
-# -r all keeps three snapshots and the bitmap, and qemu-img then finds the
-# image clean, lists the bitmap and can use it.
+# -r all keeps three snapshots, the fourth without a name (its data read
+# back), and the bitmap; qemu-img then finds the image clean, lists the
+# bitmap and can use it.
 def run_snapshot_table_cut_bitmap_kept(qcowkit, work, env):
     path = os.path.join(work, "sntab-bm.qcow2")
     sh(["rm", "-f", path])
@@ -1442,14 +1447,23 @@ def run_snapshot_table_cut_bitmap_kept(qcowkit, work, env):
     if k.returncode != 2 or "snapshot table is truncated" not in k.stdout:
         out.append("check: exit %d: %s" % (k.returncode, k.stdout.strip()[-300:]))
     k = run("check", "-r", "all", path)
-    if k.returncode != 0 or "keeping its first 3 of 9 entries" not in k.stdout:
+    if k.returncode != 0 or "keeping 4 of 9 entries, the last without a name" not in k.stdout:
         out.append("check -r all: exit %d: %s" % (k.returncode, k.stdout.strip()[-600:]))
     q = sh(["qemu-img", "check", path])
     if q.returncode != 0:
         out.append("qemu-img check after the repair: exit %d: %s" % (q.returncode, q.stdout.strip()[-300:]))
-    names = [l.split()[1] for l in sh(["qemu-img", "snapshot", "-l", path]).stdout.splitlines()[2:]]
-    if names != ["snap-number-1", "snap-number-2", "snap-number-3"]:
+    names = [sn["name"] for sn in json.loads(sh(["qemu-img", "info", "--output=json", path]).stdout or "{}")
+             .get("snapshots", [])]
+    if names != ["snap-number-1", "snap-number-2", "snap-number-3", ""]:
         out.append("snapshots after the repair: %r" % names)
+    # The fourth, kept without a name, holds the first four writes.
+    raw = path + ".4.raw"
+    sh(["qemu-img", "convert", "-l", "snapshot.id=", "-O", "raw", path, raw])
+    rd = sh(["qemu-io", "-r", "-f", "raw"] + [a for i in range(1, 6) for a in
+                                             ("-c", "read -P 0x%d%d %dk 4k" % (i, i, 4 * i) if i < 5 else
+                                              "read -P 0 20k 4k")] + [raw])
+    if rd.returncode != 0 or rd.stdout.count("read 4096/4096") != 5:
+        out.append("the nameless snapshot does not read back: %s" % rd.stdout[-300:])
     info = sh(["qemu-img", "info", "--output=json", path]).stdout
     if '"name": "b1"' not in info:
         out.append("the bitmap is gone: %s" % info[-500:])
@@ -1464,7 +1478,7 @@ def run_snapshot_table_cut_bitmap_kept(qcowkit, work, env):
     if "Sanitizer" in text or "runtime error" in text:
         out.append("a sanitizer report:\n" + text[-1500:])
     ok = not out
-    print("%s snapshot table cut short with the bitmap directory before it: 3 of 9 kept, the bitmap too" %
+    print("%s snapshot table cut short with the bitmap directory before it: 4 of 9 kept, the bitmap too" %
           ("ok  " if ok else "FAIL"))
     if not ok:
         print("     " + "\n     ".join(out))
