@@ -307,6 +307,20 @@ static bool l1_in_file(const Check *k, const uint8_t *fixed)
            qk_range_within(l1_off, (uint64_t)l1_size * 8, k->file_len);
 }
 
+/* The snapshot table does not read whole: said and counted, what it
+ * references is unknown (no refcount is lowered), and what is in the file
+ * of it, [off, end), is still the table's. */
+static int table_truncated(Check *k, uint64_t off, uint64_t end)
+{
+    ck_say(k, "ERROR snapshot table is truncated");
+    k->res->corruptions++;
+    k->partial = true;
+    if (off < k->file_len) {
+        add_ref(k, off, QK_MIN(end, k->file_len) - off, CK_META);
+    }
+    return 0;
+}
+
 static int coroutine_fn check_snapshots(Check *k)
 {
     Qcow2State *s = k->s;
@@ -332,14 +346,7 @@ static int coroutine_fn check_snapshots(Check *k)
                 qk_co_pread(s->bs->file, pos, sizeof(l1f), l1f, 0) == 0 && l1_in_file(k, l1f)) {
                 k->sn_partial_end = pos + sizeof(fixed);
             }
-            ck_say(k, "ERROR snapshot table is truncated");
-            k->res->corruptions++;
-            k->partial = true;
-            /* What was read of it is still the table's. */
-            if (qk_range_within(off, 1, k->file_len)) {
-                add_ref(k, off, QK_MIN(pos, k->file_len) - off, CK_META);
-            }
-            return 0;
+            return table_truncated(k, off, pos);
         }
         int r = qk_co_pread(s->bs->file, pos, sizeof(fixed), fixed, 0);
         if (r < 0) {
@@ -367,11 +374,7 @@ static int coroutine_fn check_snapshots(Check *k)
             if (l1_in_file(k, fixed)) {
                 k->sn_partial_end = entry + sizeof(fixed);
             }
-            ck_say(k, "ERROR snapshot table is truncated");
-            k->res->corruptions++;
-            k->partial = true;
-            add_ref(k, off, k->file_len - off, CK_META);
-            return 0;
+            return table_truncated(k, off, k->file_len);
         } else if (k->sn_whole == i && i == nb - 1 && extra <= QCOW2_SN_MAX_EXTRA) {
             /* (A bounded extension: at most 1 KiB of extra data and two
              * 64 KiB names.) */
@@ -440,11 +443,7 @@ static int coroutine_fn check_snapshots(Check *k)
          * before it would have put the next one's fixed part there):
          * reading the table fails, as above. qemu-img reads zeros there,
          * and -r all extends the file over them so that both read that. */
-        ck_say(k, "ERROR snapshot table is truncated");
-        k->res->corruptions++;
-        k->partial = true;
-        add_ref(k, off, QK_MIN(pos, k->file_len) - off, CK_META);
-        return 0;
+        return table_truncated(k, off, pos);
     }
     add_ref(k, off, pos - off, CK_META);
     return 0;

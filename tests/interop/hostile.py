@@ -1309,14 +1309,8 @@ def run_snapshot_table_cut_short(qcowkit, work, env):
         sh(["qemu-io", "-f", "qcow2", "-c", "write -P 0x%x 0 %s" % (pat, length), orig])
     sh(["qemu-img", "snapshot", "-c", "s3", orig])
     img = open(orig, "rb").read()
-    nb, table = struct.unpack_from(">IQ", img, 60)
-    pos = table
-    starts = []
-    for _ in range(2):
-        starts.append(pos)
-        id_len, name_len = struct.unpack_from(">HH", img, pos + 12)
-        extra = struct.unpack_from(">I", img, pos + 36)[0]
-        pos += (40 + extra + id_len + name_len + 7) // 8 * 8
+    table = struct.unpack_from(">Q", img, 64)[0]
+    starts = [p for p, _ in snapshot_entries(img)]  # s1, s2, s3
     disk = [("read -P 0x33 0 256k"), ("read -P 0x22 256k 256k"), ("read -P 0x11 512k 512k")]
     snaps = {"s1": ["read -P 0x11 0 1M"], "s2": ["read -P 0x22 0 512k", "read -P 0x11 512k 512k"],
              "s": disk}  # s3, its name cut to one letter
@@ -1336,7 +1330,7 @@ def run_snapshot_table_cut_short(qcowkit, work, env):
     # (what, where, the snapshots kept by name, what each holds, info's
     # message). A nameless snapshot ("") is one whose L1 table's place
     # survives the cut.
-    cases = (("in its third entry", pos + 20, ["s1", "s2", ""], ["s1", "s2", "s"], "snapshot table is truncated"),
+    cases = (("in its third entry", starts[2] + 20, ["s1", "s2", ""], ["s1", "s2", "s"], "snapshot table is truncated"),
              ("at its start", table, [], [], "lies past the end of the file"),
              ("in its last name", len(img) - 1, ["s1", "s2", "s"], ["s1", "s2", "s"],
               "snapshot table is truncated or too large"),
@@ -1437,12 +1431,7 @@ def run_snapshot_table_cut_bitmap_kept(qcowkit, work, env):
         print("FAIL snapshot table cut short with the bitmap directory before it: the layout is not what the "
               "case needs (table %#x, bitmap directory %r, file %d bytes)" % (table, bm_dir, len(img)))
         return 1
-    pos = table
-    for _ in range(3):
-        id_len, name_len = struct.unpack_from(">HH", img, pos + 12)
-        extra = struct.unpack_from(">I", img, pos + 36)[0]
-        pos += (40 + extra + id_len + name_len + 7) // 8 * 8
-    open(path, "wb").write(img[:pos + 44])
+    open(path, "wb").write(img[:snapshot_entries(img)[3][0] + 44])  # 4 bytes into the fourth's extra data
     k = run("check", path)
     if k.returncode != 2 or "snapshot table is truncated" not in k.stdout:
         out.append("check: exit %d: %s" % (k.returncode, k.stdout.strip()[-300:]))
