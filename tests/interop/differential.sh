@@ -9,4 +9,4 @@ if [ -d /dev/shm ] && [ -w /dev/shm ]; then
   work=$(mktemp -d /dev/shm/qk-diff.XXXXXX)
   trap 'rm -rf "$work"' EXIT
 fi
-python3 "$SRC_DIR/tests/interop/diffops.py" "$QCOWKIT" "$work" --seeds "${DIFF_SEEDS:-200}"
+python3 "$SRC_DIR/tests/interop/diffops.py" "$QCOWKIT" "$work" --seeds "${DIFF_SEEDS:-160}"
