@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Seeded random sequences where qcowkit and QEMU's tools take turns on the
 # same images (tests/interop/mixed_tools.py): snapshots with compressed
-# clusters, persistent dirty bitmaps, and writes racing inside a cluster.
-# QEMU's result is the reference. Short form here; the long form by hand:
-#   bash tests/interop/mixed-tools.sh --seeds 300 [--kinds snap,bitmap,aio] [--first S]
+# clusters, persistent dirty bitmaps, external data files, and writes
+# racing inside a cluster. QEMU's result is the reference. Short form
+# here; the long form by hand:
+#   bash tests/interop/mixed-tools.sh --seeds 300 [--kinds snap,bitmap,datafile,aio] [--first S]
 set -eu
 command -v qemu-nbd >/dev/null && command -v nbdinfo >/dev/null || { echo "qemu-nbd/nbdinfo missing"; exit 77; }
 # Images live on tmpfs when there is one: the test is about content.

@@ -6,11 +6,14 @@ in three kinds:
   and internal snapshots taken, applied and deleted.
 - bitmap: writes, zero writes and discards with persistent dirty bitmaps
   added, removed, cleared, enabled, disabled and merged, and snapshots.
+- datafile: writes, zero writes and discards on images whose data lives
+  in an external data file, raw (data_file_raw=on: the file must then
+  hold the disk as QEMU's does) or not.
 - aio: writes and zero writes packed into 1-4 clusters, issued all at once
   by `qcowkit io` (aio_write) so that they race on the same L2 entries,
   subclusters and copies from a backing file; QEMU gets them one by one.
 
-snap and bitmap run each sequence three times: on Q by qemu-io/qemu-img
+snap, bitmap and datafile run each sequence three times: on Q by qemu-io/qemu-img
 alone, on K by qcowkit alone, and on M with every step (a run of I/O
 commands or one snapshot or bitmap command) done by either program,
 picked at random, so that each reads and changes what the other wrote.
@@ -20,10 +23,10 @@ snapshots too), list the same snapshots, hold the same bitmaps with the
 same flags and the same dirty ranges (qemu-nbd -B and nbdinfo --map), and
 pass both checks.
 
-Usage: mixed_tools.py QCOWKIT WORKDIR [--kinds snap,bitmap,aio] [--seeds N]
+Usage: mixed_tools.py QCOWKIT WORKDIR [--kinds snap,bitmap,datafile,aio] [--seeds N]
                       [--first S] [--asan QCOWKIT_ASAN] [--keep DIR]
---seeds N runs N sequences of snap and of bitmap, and 3N of aio (a
-tenth of their cost each); --asan runs the aio kind with
+--seeds N runs N sequences of snap, bitmap and datafile, and 3N of aio
+(a tenth of their cost each); --asan runs the aio kind with
 that binary (the races are where a sanitizer sees most); --keep saves
 failing images.
 """
@@ -191,6 +194,25 @@ def gen_bitmap(rng):
     return opts, size, ops
 
 
+def gen_datafile(rng):
+    cl = rng.choice([512, 4096, 65536, 65536, 2 << 20])
+    opts = ["cluster_size=%d" % cl, "data_file_raw=%s" % rng.choice(["on", "off"])]
+    if cl >= 16384 and rng.random() < 0.35:
+        opts.append("extended_l2=on")
+    size = rng.choice([4, 8]) * max(cl, 65536) * 4
+    ops = []
+    for _ in range(rng.randint(6, 40)):
+        k = rng.choices(["write", "zero", "zerou", "discard"], weights=[60, 12, 10, 10])[0]
+        if k == "discard":
+            n = rng.randint(1, 3)
+            ops.append(("io", "discard %d %d" % (rng.randrange(0, size // cl - n + 1) * cl, n * cl)))
+        else:
+            ops.append(("io", data_op(rng, k, *ranged(rng, 0, size, cl))))
+        if rng.random() < 0.15:
+            ops.append(("step", None, None))  # ends a run of I/O: M may switch programs
+    return opts, size, ops
+
+
 def make(d, opts, size, names, backing_fill=False):
     base = None
     if backing_fill:
@@ -200,7 +222,12 @@ def make(d, opts, size, names, backing_fill=False):
     imgs = {}
     for t in names:
         imgs[t] = os.path.join(d, t + ".qcow2")
-        cmd = ["qemu-img", "create", "-q", "-f", "qcow2", "-o", ",".join(opts)]
+        each = list(opts)
+        if any(o.startswith("data_file_raw=") for o in opts):
+            # an absolute name: qemu-img create makes a relative one in its
+            # working directory, while opening looks beside the image
+            each.append("data_file=" + os.path.join(d, t + ".data"))
+        cmd = ["qemu-img", "create", "-q", "-f", "qcow2", "-o", ",".join(each)]
         if base:
             cmd += ["-b", base, "-F", "qcow2"]
         run(cmd + [imgs[t], str(size)])
@@ -220,6 +247,8 @@ def play(imgs, ops, seed):
             io_batch(who(), imgs[t], batch)
             batch = []
             prog = "qemu-img" if who() == "q" else QK
+            if op[0] == "step":
+                continue
             if op[0] == "snapshot":
                 run([prog, "snapshot"] + op[1] + [op[2], imgs[t]])
             else:
@@ -330,6 +359,21 @@ def case_bitmap(d, seed):
     return taking_turns(d, seed, gen_bitmap, check_bitmaps, 0)
 
 
+def check_raw_data_files(d, imgs, fails):
+    info = json.loads(run(["qemu-img", "info", "--output=json", imgs["q"]]).stdout)
+    if not info["format-specific"]["data"].get("data-file-raw"):
+        return
+    ref = os.path.join(d, "q.data")
+    for t in ("k", "m"):
+        got = os.path.join(d, t + ".data")
+        if run(["qemu-img", "compare", "-q", "-f", "raw", "-F", "raw", ref, got], ok=None).returncode != 0:
+            fails.append("the raw data file of %s differs from q's" % t)
+
+
+def case_datafile(d, seed):
+    return taking_turns(d, seed, gen_datafile, check_raw_data_files, 0)
+
+
 def case_aio(d, seed):
     rng = random.Random(seed)
     cl = rng.choice([512, 4096, 32768, 65536, 65536, 1 << 20])
@@ -364,14 +408,14 @@ def case_aio(d, seed):
     return opts, kcmds, fails
 
 
-CASES = {"snap": case_snap, "bitmap": case_bitmap, "aio": case_aio}
+CASES = {"snap": case_snap, "bitmap": case_bitmap, "datafile": case_datafile, "aio": case_aio}
 
 
 def main():
     global QK, KEEP
     plain, work = sys.argv[1], sys.argv[2]
     asan = plain
-    kinds, seeds, first = ["snap", "bitmap", "aio"], 10, 1
+    kinds, seeds, first = ["snap", "bitmap", "datafile", "aio"], 10, 1
     args = sys.argv[3:]
     while args:
         if args[0] == "--kinds":
