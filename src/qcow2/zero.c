@@ -24,6 +24,15 @@
 /* MODE_CUT: the entry becomes unallocated (qcow2_unmap_clusters). */
 enum { MODE_ZERO, MODE_ZERO_UNMAP, MODE_DISCARD, MODE_CUT };
 
+/* Whether an entry maps data: a host cluster, a compressed one, or guest
+ * cluster 0 of an image with a data file, which sits at offset 0 there
+ * (COPIED, which every data-file cluster has, tells it from nothing). */
+static bool entry_mapped(const Qcow2State *s, uint64_t e)
+{
+    return (e & (QCOW2_L2E_OFFSET_MASK | QCOW2_OFLAG_COMPRESSED)) ||
+           (qcow2_has_data_file(s) && (e & QCOW2_OFLAG_COPIED));
+}
+
 /* Drops the reference the old L2 entry l2e held. On unmap or discard, a
  * host cluster nobody refers to any more is also given back to the host
  * file; nothing can reuse it before the caller drops s->lock. */
@@ -41,8 +50,8 @@ static int coroutine_fn free_entry(Qcow2State *s, uint64_t l2e, int mode)
     if (qcow2_has_data_file(s)) {
         int r = qcow2_free_l2_entry(s, l2e);
         /* Not counted, and only this entry names it (a raw data file
-         * was zeroed there already). */
-        if (r == 0 && host && mode != MODE_ZERO) {
+         * was zeroed there already); offset 0 is guest cluster 0's. */
+        if (r == 0 && mode != MODE_ZERO) {
             qk_co_pdiscard(s->data, host, s->cluster_size);
         }
         return r;
@@ -95,7 +104,7 @@ static int coroutine_fn modify_table(Qcow2State *s, uint64_t c, uint64_t n, int 
         uint64_t old = qcow2_l2_get(s, t, i0 + k, &bm);
         uint64_t host = old & QCOW2_L2E_OFFSET_MASK;
         bool compressed = (old & QCOW2_OFLAG_COMPRESSED) != 0;
-        bool has_host = compressed || host;
+        bool has_host = entry_mapped(s, old);
         uint64_t ne, nbm;
         bool free_old;
         if (mode == MODE_CUT) {
@@ -177,7 +186,7 @@ static int coroutine_fn modify_subclusters(Qcow2State *s, uint64_t c, uint32_t m
      * subclusters, and the entry what QEMU's tools make of that write. */
     uint64_t nbm = (bm & ~(uint64_t)mask) | ((uint64_t)mask << 32);
     uint64_t ne = e;
-    bool drop = mode == MODE_DISCARD && (e & QCOW2_L2E_OFFSET_MASK) && !(nbm & QCOW2_BITMAP_ALL_ALLOC);
+    bool drop = mode == MODE_DISCARD && entry_mapped(s, e) && !(nbm & QCOW2_BITMAP_ALL_ALLOC);
     if (drop && (r = qcow2_check_free_l2_entry(s, e)) < 0) {
         qcow2_cache_put(s->l2_cache, &t);
         return r;

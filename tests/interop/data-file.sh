@@ -106,6 +106,32 @@ for cfg in "cluster_size=64k" "cluster_size=64k,data_file_raw=on" "cluster_size=
   done
 done
 
+# Guest cluster 0 lives at offset 0 of the data file, where an L2 entry
+# tells it from nothing only by its COPIED flag: a discard or an unmapping
+# zero write over it must unmap it as it does every other cluster (it once
+# kept it, and the discarded data read back).
+for cfg in "cluster_size=64k" "cluster_size=64k,data_file_raw=on" "cluster_size=32k,extended_l2=on" \
+           "cluster_size=32k,extended_l2=on,data_file_raw=on"; do
+  for seq in "write -P 0x8b 1000 100k|discard 0 192k" "write -P 0x8c 0 64k|write -z -u 0 64k" \
+             "write -P 0x8d 0 8k|discard 0 64k|write -P 0x8e 4k 4k"; do
+    rm -f a.qcow2 a.raw t.qcow2 t.raw
+    qemu-img create -q -f qcow2 -o data_file=a.raw,$cfg a.qcow2 1M
+    qemu-img create -q -f qcow2 -o data_file=t.raw,$cfg t.qcow2 1M
+    args=()
+    IFS='|' read -ra cmds <<<"$seq"
+    for c in "${cmds[@]}"; do args+=(-c "$c"); done
+    "$QK" io "${args[@]}" a.qcow2 >io.out 2>&1 || { bad "$cfg $seq: qcowkit io failed"; tail -3 io.out; }
+    qemu-io "${args[@]}" t.qcow2 >/dev/null 2>&1 || bad "$cfg $seq: qemu-io failed"
+    ckclean a.qcow2 "$cfg $seq"
+    qemu-img compare -q a.qcow2 t.qcow2 || bad "$cfg $seq: contents differ from qemu-io's"
+    diff <(qemu-img map --output=json a.qcow2) <(qemu-img map --output=json t.qcow2) >diff.out ||
+      { bad "$cfg $seq: map differs from qemu-io's image"; cat diff.out; }
+    case $cfg in *data_file_raw=on*)
+      qemu-img compare -q -f raw -F qcow2 a.raw a.qcow2 || bad "$cfg $seq: the raw data file is not the disk" ;;
+    esac
+  done
+done
+
 # --- convert into a data-file image ---
 qemu-img create -q -f qcow2 src.qcow2 8M
 qemu-io -c 'write -P 3 0 3M' -c 'write -P 4 5M 1M' src.qcow2 >/dev/null
