@@ -2,8 +2,8 @@
 """Seeded random sequences on twin images where QEMU's tools are the judge,
 in three kinds:
 
-- snap: writes (plain, compressed, zero with and without unmap, discard)
-  and internal snapshots taken, applied and deleted.
+- snap: writes (plain, compressed, zero with and without unmap, discard),
+  internal snapshots taken, applied and deleted, and the disk grown.
 - bitmap: writes, zero writes and discards with persistent dirty bitmaps
   added, removed, cleared, enabled, disabled and merged, and snapshots.
 - datafile: writes, zero writes and discards on images whose data lives
@@ -116,9 +116,15 @@ def gen_snap(rng):
     clim, cnext = size // cl // 4, 0
     ops, snaps, nsn = [], [], 0
     for _ in range(rng.randint(8, 50)):
-        k = rng.choices(["write", "cwrite", "zero", "zerou", "discard", "snapc", "snapa", "snapd"],
-                        weights=[40, 10, 8, 6, 8, 10, 6, 6])[0]
-        if k == "snapc":
+        k = rng.choices(["write", "cwrite", "zero", "zerou", "discard", "snapc", "snapa", "snapd", "grow"],
+                        weights=[40, 10, 8, 6, 8, 10, 6, 6, 5])[0]
+        if k == "grow":
+            # snapshots then differ in size from the disk; applying one
+            # shrinks it back (neither tool resizes a v2 image that has
+            # snapshots)
+            if not ("compat=0.10" in opts and nsn):
+                ops.append(("resize", ["-q"], "+%d" % (rng.randint(1, 40) * rng.choice([512, 65536]))))
+        elif k == "snapc":
             nsn += 1
             snaps.append("s%d" % nsn)
             ops.append(("snapshot", ["-c"], "s%d" % nsn))
@@ -251,6 +257,8 @@ def play(imgs, ops, seed):
                 continue
             if op[0] == "snapshot":
                 run([prog, "snapshot"] + op[1] + [op[2], imgs[t]])
+            elif op[0] == "resize":
+                run([prog, "resize"] + op[1] + [imgs[t], op[2]])
             else:
                 run([prog, "bitmap"] + op[1] + [imgs[t], op[2]])
         io_batch(who(), imgs[t], batch)
