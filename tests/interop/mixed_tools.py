@@ -5,7 +5,8 @@ in three kinds:
 - snap: writes (plain, compressed, zero with and without unmap, discard),
   internal snapshots taken, applied and deleted, and the disk grown.
 - bitmap: writes, zero writes and discards with persistent dirty bitmaps
-  added, removed, cleared, enabled, disabled and merged, and snapshots.
+  added, removed, cleared, enabled, disabled and merged, snapshots, and
+  the disk grown.
 - datafile: writes, zero writes and discards on images whose data lives
   in an external data file, raw (data_file_raw=on: the file must then
   hold the disk as QEMU's does) or not.
@@ -159,11 +160,21 @@ def gen_bitmap(rng):
     size = rng.choice([1, 2, 4]) * max(cl, 65536) * 4 + rng.choice([0, 0, 512, 65536 + 512])
     ops, live, snaps = [], [], []
     nb = nsn = 0
+    cur = size
     for _ in range(rng.randint(8, 50)):
         k = rng.choices(["write", "zero", "zerou", "discard", "add", "remove", "clear", "enable",
-                         "disable", "merge", "snapc", "snapa"],
-                        weights=[40, 8, 6, 8, 10, 3, 3, 3, 4, 4, 4, 3])[0]
-        if k == "add":
+                         "disable", "merge", "snapc", "snapa", "grow"],
+                        weights=[40, 8, 6, 8, 10, 3, 3, 3, 4, 4, 4, 3, 3])[0]
+        if k == "grow":
+            # The bitmaps grow with the disk, clean over the new part. From
+            # a size that is not a cluster multiple qcowkit zeroes the rest
+            # of the last cluster, a write its enabled bitmaps record (a
+            # known difference): grown from whole clusters only.
+            if cur % cl == 0:
+                n = rng.randint(1, 8) * cl
+                cur += n
+                ops.append(("resize", ["-q"], "+%d" % n))
+        elif k == "add":
             if len(live) < 5:
                 nb += 1
                 g = rng.choice([512, 4096, 65536, 65536, 1 << 20, None])
@@ -183,13 +194,14 @@ def gen_bitmap(rng):
                     ops.append(("bitmap", ["--" + k], name))
         elif k == "snapc":
             nsn += 1
-            snaps.append("s%d" % nsn)
+            snaps.append(("s%d" % nsn, cur))
             ops.append(("snapshot", ["-c"], "s%d" % nsn))
         elif k == "snapa":
             # qemu-img refuses -a on an image with bitmaps, where qcowkit
             # marks the enabled ones dirty everywhere (bitmap.sh)
             if snaps and not live:
-                ops.append(("snapshot", ["-a"], rng.choice(snaps)))
+                name, cur = rng.choice(snaps)
+                ops.append(("snapshot", ["-a"], name))
         elif k == "discard":
             n = rng.randint(1, 3)
             off = rng.randrange(0, max(1, size // cl - n + 1)) * cl
