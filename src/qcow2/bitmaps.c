@@ -730,6 +730,11 @@ static int coroutine_fn store_locked(QkBlock *bs, QkError *err)
     for (QkDirtyBitmap *bm = bs->dirty_bitmaps; bm; bm = bm->next) {
         n += bm->persistent;
         same &= !bm->persistent || (bm->disk_slot && (bm->inconsistent || !bm->changed));
+        /* A kept bitmap that a resize marked in use on disk (its bits
+         * unchanged: the last one covers the new part) must have the
+         * directory written again, or it stays in use for good. */
+        same &= !bm->persistent || !bm->disk_slot || !s->bm_disk_flags ||
+                s->bm_disk_flags[bm->disk_slot - 1] == d->e[bm->disk_slot - 1].flags;
     }
     if (same && n == d->n) {
         return 0;

@@ -121,6 +121,26 @@ bmap ours.qcow2 def | grep -q "1048576 .*dirty" || bad "the tracked write at 1M 
 qemu-io -c 'write -P 6 80M 64k' theirs.qcow2 >/dev/null
 qemu-img check -q ours.qcow2 || bad "check after a resize"
 same_maps "after a resize" def fine coarse
+# A growth that leaves a bitmap's number of bits as it was (its last bit
+# covers the new part), and no other bitmap that changes: the resize marks
+# it in use first, and the close must store the directory again, or a
+# disabled one stays in use for good ("inconsistent and cannot be used").
+# Found by mixed-tools.sh.
+for state in --disable --enable; do
+  rm -f g1.qcow2
+  qemu-img create -q -f qcow2 -o cluster_size=512 g1.qcow2 512k
+  qemu-img bitmap --add -g 1M g1.qcow2 wide
+  qemu-io -c 'write -P 7 0 4k' g1.qcow2 >/dev/null
+  qemu-img bitmap $state g1.qcow2 wide
+  "$QK" resize -q g1.qcow2 +2560 || bad "grow within the last bit ($state)"
+  flags=$(qemu-img info --output=json g1.qcow2 | python3 -c 'import json,sys; print(sorted((b["name"], tuple(b["flags"])) for b in json.load(sys.stdin)["format-specific"]["data"]["bitmaps"]))')
+  want="[('wide', ($( [ $state = --enable ] && echo "'auto',")))]"
+  [ "$flags" = "$want" ] || bad "grow within the last bit ($state): flags $flags, want $want"
+  qemu-img check -q g1.qcow2 || bad "grow within the last bit ($state): check"
+  "$QK" resize -q g1.qcow2 +512 || bad "a second grow within the last bit ($state)"
+  [ "$(bmap g1.qcow2 wide | awk '$4 == "dirty" {print $1, $2}')" = "0 527360" ] ||
+    { bad "grow within the last bit ($state): the bit is lost"; bmap g1.qcow2 wide; }
+done
 
 # --- in use (not saved after a crash) ---
 rm -f ours.qcow2 theirs.qcow2
