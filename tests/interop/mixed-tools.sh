@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Seeded random sequences where qcowkit and QEMU's tools take turns on the
 # same images (tests/interop/mixed_tools.py): snapshots with compressed
-# clusters, persistent dirty bitmaps, external data files, and writes
-# racing inside a cluster. QEMU's result is the reference. Short form
-# here; the long form by hand:
-#   bash tests/interop/mixed-tools.sh --seeds 300 [--kinds snap,bitmap,datafile,aio] [--first S]
+# clusters, persistent dirty bitmaps, external data files, writes racing
+# inside a cluster, and an NBD export of qcowkit serve. QEMU's result is
+# the reference. Short form here; the long form by hand:
+#   bash tests/interop/mixed-tools.sh --seeds 300 [--kinds snap,bitmap,datafile,aio,nbd] [--first S]
 set -eu
 command -v qemu-nbd >/dev/null && command -v nbdinfo >/dev/null || { echo "qemu-nbd/nbdinfo missing"; exit 77; }
 # Images live on tmpfs when there is one: the test is about content.
@@ -16,5 +16,5 @@ fi
 mkdir -p "$work"
 args=("$@")
 [ ${#args[@]} -eq 0 ] && args=(--seeds "${MIXED_SEEDS:-4}")
-# The racing writes run under the sanitizer build.
+# The racing writes and the NBD server run under the sanitizer build.
 python3 "$SRC_DIR/tests/interop/mixed_tools.py" "$QCOWKIT" "$work" --asan "$QCOWKIT_ASAN" "${args[@]}"

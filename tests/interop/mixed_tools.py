@@ -13,6 +13,10 @@ in three kinds:
 - aio: writes and zero writes packed into 1-4 clusters, issued all at once
   by `qcowkit io` (aio_write) so that they race on the same L2 entries,
   subclusters and copies from a backing file; QEMU gets them one by one.
+- nbd: writes, zero writes, discards and such bursts sent by qemu-io
+  through an export of `qcowkit serve` (cache none, writeback or unsafe),
+  against qemu-io on the twin directly; serve must stop cleanly on
+  SIGTERM.
 
 snap, bitmap and datafile run each sequence three times: on Q by qemu-io/qemu-img
 alone, on K by qcowkit alone, and on M with every step (a run of I/O
@@ -24,10 +28,10 @@ snapshots too), list the same snapshots, hold the same bitmaps with the
 same flags and the same dirty ranges (qemu-nbd -B and nbdinfo --map), and
 pass both checks.
 
-Usage: mixed_tools.py QCOWKIT WORKDIR [--kinds snap,bitmap,datafile,aio] [--seeds N]
+Usage: mixed_tools.py QCOWKIT WORKDIR [--kinds snap,bitmap,datafile,aio,nbd] [--seeds N]
                       [--first S] [--asan QCOWKIT_ASAN] [--keep DIR]
---seeds N runs N sequences of snap, bitmap and datafile, and 3N of aio
-(a tenth of their cost each); --asan runs the aio kind with
+--seeds N runs N sequences of snap, bitmap, datafile and nbd, and 3N of
+aio (a tenth of their cost each); --asan runs the aio and nbd kinds with
 that binary (the races are where a sanitizer sees most); --keep saves
 failing images.
 """
@@ -35,6 +39,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -428,14 +433,67 @@ def case_aio(d, seed):
     return opts, kcmds, fails
 
 
-CASES = {"snap": case_snap, "bitmap": case_bitmap, "datafile": case_datafile, "aio": case_aio}
+def case_nbd(d, seed):
+    rng = random.Random(seed)
+    cl = rng.choice([512, 4096, 65536, 65536, 2 << 20])
+    opts = ["cluster_size=%d" % cl]
+    if cl >= 16384 and rng.random() < 0.4:
+        opts.append("extended_l2=on")
+    size = rng.choice([4, 8]) * max(cl, 65536) * 4
+    imgs = make(d, opts, size, ("q", "k"), backing_fill=rng.random() < 0.3)
+    cmds = []
+    for _ in range(rng.randint(6, 60)):
+        k = rng.choices(["write", "zero", "zerou", "discard", "burst"], weights=[50, 10, 8, 10, 20])[0]
+        if k == "discard":
+            n = rng.randint(1, 3)
+            cmds.append("discard %d %d" % (rng.randrange(0, size // cl - n + 1) * cl, n * cl))
+        elif k == "burst":
+            # writes in flight at once inside two clusters
+            start = rng.randrange(0, size // cl - 2) * cl
+            cuts = sorted(set(rng.randrange(1, 2 * cl // 512) * 512 for _ in range(rng.randint(1, 12))))
+            pts = [0] + cuts + [2 * cl]
+            cmds += ["aio_write -q -P 0x%02x %d %d" % (rng.randint(1, 255), start + a, b - a)
+                     for a, b in zip(pts, pts[1:])] + ["aio_flush"]
+        else:
+            cmds.append(data_op(rng, k, *ranged(rng, 0, size, cl)))
+    sock = os.path.join(d, "nbd.sock")
+    cache = rng.choice(["none", "writeback", "unsafe"])
+    srv = subprocess.Popen([QK, "serve", "--socket", sock, "--export",
+                            "name=e,file=%s,format=qcow2,cache=%s" % (imgs["k"], cache)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    fails = []
+    try:
+        for _ in range(400):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.025)
+        io_batch("q", imgs["q"], cmds)
+        p = run(["qemu-io", "-f", "raw"] + [a for c in cmds for a in ("-c", c)] + ["nbd+unix:///e?socket=" + sock],
+                ok=None)
+        if p.returncode != 0 or "failed" in p.stdout:
+            fails.append("qemu-io through the export: %d\n%s" % (p.returncode, p.stdout[-800:]))
+    finally:
+        srv.send_signal(signal.SIGTERM)
+        try:
+            err = srv.communicate(timeout=60)[1]
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            err = srv.communicate()[1]
+            fails.append("serve did not stop on SIGTERM")
+        if srv.returncode != 0:
+            fails.append("serve exited %s: %s" % (srv.returncode, err[-800:]))
+    checks(imgs, ("k",), fails)
+    return opts + ["cache=" + cache], cmds, fails
+
+
+CASES = {"snap": case_snap, "bitmap": case_bitmap, "datafile": case_datafile, "aio": case_aio, "nbd": case_nbd}
 
 
 def main():
     global QK, KEEP
     plain, work = sys.argv[1], sys.argv[2]
     asan = plain
-    kinds, seeds, first = ["snap", "bitmap", "datafile", "aio"], 10, 1
+    kinds, seeds, first = ["snap", "bitmap", "datafile", "aio", "nbd"], 10, 1
     args = sys.argv[3:]
     while args:
         if args[0] == "--kinds":
@@ -453,7 +511,7 @@ def main():
         args = args[2:]
     total = 0
     for kind in kinds:
-        QK = asan if kind == "aio" else plain
+        QK = asan if kind in ("aio", "nbd") else plain
         done = failed = skipped = 0
         for seed in range(first, first + (3 * seeds if kind == "aio" else seeds)):
             d = os.path.join(work, "%s-%d" % (kind, seed))
