@@ -33,10 +33,11 @@ static bool entry_mapped(const Qcow2State *s, uint64_t e)
            (qcow2_has_data_file(s) && (e & QCOW2_OFLAG_COPIED));
 }
 
-/* Drops the reference the old L2 entry l2e held. On unmap or discard, a
- * host cluster nobody refers to any more is also given back to the host
- * file; nothing can reuse it before the caller drops s->lock. */
-static int coroutine_fn free_entry(Qcow2State *s, uint64_t l2e, int mode)
+/* Drops the reference the old L2 entry l2e of guest cluster c held. On
+ * unmap or discard, a host cluster nobody refers to any more is also
+ * given back to the host file; nothing can reuse it before the caller
+ * drops s->lock. */
+static int coroutine_fn free_entry(Qcow2State *s, uint64_t l2e, uint64_t c, int mode)
 {
     uint64_t host = l2e & QCOW2_L2E_OFFSET_MASK;
     if (!(l2e & QCOW2_OFLAG_COMPRESSED) && !qk_is_aligned(host, s->cluster_size)) {
@@ -50,8 +51,10 @@ static int coroutine_fn free_entry(Qcow2State *s, uint64_t l2e, int mode)
     if (qcow2_has_data_file(s)) {
         int r = qcow2_free_l2_entry(s, l2e);
         /* Not counted, and only this entry names it (a raw data file
-         * was zeroed there already); offset 0 is guest cluster 0's. */
-        if (r == 0 && mode != MODE_ZERO) {
+         * was zeroed there already); offset 0 is guest cluster 0's. A
+         * damaged entry (compressed, or not at its guest offset) names
+         * another cluster's bytes: the entry goes, the bytes stay. */
+        if (r == 0 && mode != MODE_ZERO && !(l2e & QCOW2_OFLAG_COMPRESSED) && host == c << s->cluster_bits) {
             qk_co_pdiscard(s->data, host, s->cluster_size);
         }
         return r;
@@ -142,7 +145,7 @@ static int coroutine_fn modify_table(Qcow2State *s, uint64_t c, uint64_t n, int 
         qcow2_l2_set(s, t, i0 + k, ne, nbm);
         changed = true;
         if (free_old) {
-            r = free_entry(s, old, mode);
+            r = free_entry(s, old, c + k, mode);
         }
     }
     if (changed) {
@@ -203,7 +206,7 @@ static int coroutine_fn modify_subclusters(Qcow2State *s, uint64_t c, uint32_t m
         qcow2_cache_mark_dirty(s->l2_cache, t);
     }
     qcow2_cache_put(s->l2_cache, &t);
-    return drop ? free_entry(s, e, mode) : 0;
+    return drop ? free_entry(s, e, c, mode) : 0;
 }
 
 static int coroutine_fn zero_partial(Qcow2State *s, uint64_t off, uint64_t len);

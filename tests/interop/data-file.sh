@@ -256,6 +256,28 @@ out=$("$QK" io -c 'read 64k 4k' q.qcow2 2>&1) && bad "read a cluster mapped away
 # Named in qemu-img's words (it was a bare "Structure needs cleaning").
 echo "$out" | grep -q "External data file host cluster offset 0x50000 does not match guest cluster offset: 0x10000, L2 index: 0x1)" ||
   { bad "a cluster mapped away from its guest offset: not named"; echo "$out"; }
+# A discard (and an unmapping zero write) over such an entry drops it but
+# must not punch the bytes it names: another cluster's data (guest cluster
+# 0's at offset 0, told from nothing by OFLAG_COPIED alone, or cluster 1's).
+for cmd in 'discard 128k 64k' 'write -z -u 128k 64k'; do
+  for named in 0 1; do
+    rm -f p.qcow2 p.raw
+    qemu-img create -q -f qcow2 -o data_file=p.raw p.qcow2 1M
+    qemu-io -c 'write -P 0x11 0 64k' -c 'write -P 0x22 64k 64k' -c 'write -P 0x33 128k 64k' p.qcow2 >/dev/null
+    python3 - p.qcow2 $named <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+h = f.read(48)
+l1 = struct.unpack(">Q", h[40:48])[0]
+f.seek(l1); l2 = struct.unpack(">Q", f.read(8))[0] & 0x00fffffffffffe00
+f.seek(l2 + 16); f.write(struct.pack(">Q", (1 << 63) | int(sys.argv[2]) * 65536))
+PY
+    "$QK" io -c "$cmd" p.qcow2 >/dev/null 2>&1
+    qemu-io -c "read -P 0x$((named + 1))$((named + 1)) $((named * 64))k 64k" p.qcow2 >read.out 2>&1
+    grep -q "read 65536/65536" read.out && ! grep -q "Pattern verification failed" read.out ||
+      { bad "$cmd over an entry naming cluster $named's bytes: cluster $named lost its data"; cat read.out; }
+  done
+done
 # A data file name that is not a plain local path (a protocol or json:
 # name in the header extension) is refused, whatever it names.
 for evil in 'nbd:x' 'rbd:x' 'json:' 'a://b'; do
