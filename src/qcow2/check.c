@@ -161,8 +161,8 @@ static void coroutine_fn check_l2_table(Check *k, void *t, bool active, bool fix
             }
         }
         bool data_file = qcow2_has_data_file(s);
-        if (!off && !(data_file && (e & QCOW2_OFLAG_COPIED))) {
-            continue; /* offset 0 is guest cluster 0's place in a data file */
+        if (!qcow2_l2e_mapped(s, e)) {
+            continue; /* (offset 0 is guest cluster 0's place in a data file) */
         }
         if (!qk_is_aligned(off, s->cluster_size) && fixable && k->fix_prealloc && (e & QCOW2_OFLAG_ZERO) &&
             !s->extended_l2) {

@@ -57,9 +57,7 @@ static int classify(const Qcow2State *s, uint64_t e, uint64_t bitmap, unsigned s
     if (off & (s->cluster_size - 1)) {
         return ENTRY_UNALIGNED;
     }
-    /* Offset 0 is a real place in a data file (guest cluster 0); there
-     * COPIED, which every data-file cluster has, tells it is mapped. */
-    bool mapped = off || (qcow2_has_data_file(s) && (e & QCOW2_OFLAG_COPIED));
+    bool mapped = qcow2_l2e_mapped(s, e);
     if (!s->extended_l2) {
         if (e & QCOW2_OFLAG_ZERO) {
             if (!qcow2_is_v3(s) && !for_write) {

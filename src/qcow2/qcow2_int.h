@@ -348,6 +348,15 @@ static inline bool qcow2_has_data_file(const Qcow2State *s)
     return s->data ? s->data != s->bs->file : s->bs->no_guest_data;
 }
 
+/* Whether a standard (not compressed) L2 entry maps a host cluster: an
+ * offset, or guest cluster 0 of an image with a data file, which sits at
+ * offset 0 there and is told from nothing by OFLAG_COPIED (every
+ * data-file cluster has it). */
+static inline bool qcow2_l2e_mapped(const Qcow2State *s, uint64_t e)
+{
+    return (e & QCOW2_L2E_OFFSET_MASK) || (qcow2_has_data_file(s) && (e & QCOW2_OFLAG_COPIED));
+}
+
 /* data_file.c: opens the external data file the header names (as given:
  * a relative name is relative to the current directory) with the image's
  * own flags; flushes it (before the metadata that points into it);

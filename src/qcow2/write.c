@@ -46,9 +46,8 @@ typedef struct AllocPlan {
 static bool needs_new_host(const Qcow2State *s, uint64_t e)
 {
     if (qcow2_has_data_file(s)) {
-        /* Data clusters sit at their guest offsets and are never shared;
-         * guest cluster 0 is mapped at offset 0 with COPIED set. */
-        return !(e & (QCOW2_L2E_OFFSET_MASK | QCOW2_OFLAG_COPIED));
+        /* Data clusters sit at their guest offsets and are never shared. */
+        return !qcow2_l2e_mapped(s, e);
     }
     return !(e & QCOW2_L2E_OFFSET_MASK) || (e & QCOW2_OFLAG_COMPRESSED) || !(e & QCOW2_OFLAG_COPIED);
 }

@@ -24,15 +24,6 @@
 /* MODE_CUT: the entry becomes unallocated (qcow2_unmap_clusters). */
 enum { MODE_ZERO, MODE_ZERO_UNMAP, MODE_DISCARD, MODE_CUT };
 
-/* Whether an entry maps data: a host cluster, a compressed one, or guest
- * cluster 0 of an image with a data file, which sits at offset 0 there
- * (COPIED, which every data-file cluster has, tells it from nothing). */
-static bool entry_mapped(const Qcow2State *s, uint64_t e)
-{
-    return (e & (QCOW2_L2E_OFFSET_MASK | QCOW2_OFLAG_COMPRESSED)) ||
-           (qcow2_has_data_file(s) && (e & QCOW2_OFLAG_COPIED));
-}
-
 /* Drops the reference the old L2 entry l2e of guest cluster c held. On
  * unmap or discard, a host cluster nobody refers to any more is also
  * given back to the host file; nothing can reuse it before the caller
@@ -107,7 +98,7 @@ static int coroutine_fn modify_table(Qcow2State *s, uint64_t c, uint64_t n, int 
         uint64_t old = qcow2_l2_get(s, t, i0 + k, &bm);
         uint64_t host = old & QCOW2_L2E_OFFSET_MASK;
         bool compressed = (old & QCOW2_OFLAG_COMPRESSED) != 0;
-        bool has_host = entry_mapped(s, old);
+        bool has_host = compressed || qcow2_l2e_mapped(s, old);
         uint64_t ne, nbm;
         bool free_old;
         if (mode == MODE_CUT) {
@@ -189,7 +180,7 @@ static int coroutine_fn modify_subclusters(Qcow2State *s, uint64_t c, uint32_t m
      * subclusters, and the entry what QEMU's tools make of that write. */
     uint64_t nbm = (bm & ~(uint64_t)mask) | ((uint64_t)mask << 32);
     uint64_t ne = e;
-    bool drop = mode == MODE_DISCARD && entry_mapped(s, e) && !(nbm & QCOW2_BITMAP_ALL_ALLOC);
+    bool drop = mode == MODE_DISCARD && qcow2_l2e_mapped(s, e) && !(nbm & QCOW2_BITMAP_ALL_ALLOC);
     if (drop && (r = qcow2_check_free_l2_entry(s, e)) < 0) {
         qcow2_cache_put(s->l2_cache, &t);
         return r;
