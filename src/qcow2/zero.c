@@ -10,6 +10,10 @@
  * partly covered cluster as a zero write does, and frees the host cluster
  * once none of its subclusters is allocated any more. Partial units at
  * the edges of a discard are left alone (discard is advisory).
+ * On v3 a zero write records its zeros even where nothing is allocated
+ * and no backing file lies below (an L2 table is allocated for them, as
+ * QEMU does): a backing file attached later (rebase -u, amend) must not
+ * show through what the guest zeroed.
  * v2 images have no zero flag. Without a backing file an unallocated
  * cluster reads as zeros, so a zero write unmaps the whole clusters it
  * covers (as QEMU resorts to discard there) and writes zeros only at its
@@ -81,8 +85,9 @@ static int coroutine_fn modify_table(Qcow2State *s, uint64_t c, uint64_t n, int 
     if (l1i >= s->l1_size) {
         return 0;
     }
-    if (!(s->l1[l1i] & QCOW2_L1E_OFFSET_MASK) && (!has_backing_file(s) || mode == MODE_CUT)) {
-        return 0; /* nothing here and nothing below, or nothing to cut */
+    if (!(s->l1[l1i] & QCOW2_L1E_OFFSET_MASK) &&
+        (mode == MODE_CUT || (mode == MODE_DISCARD && !has_backing_file(s)))) {
+        return 0; /* nothing to cut, or nothing here and nothing below */
     }
     int r = qcow2_mark_dirty(s);
     void *t;
@@ -157,7 +162,8 @@ static int coroutine_fn modify_subclusters(Qcow2State *s, uint64_t c, uint32_t m
     if (l1i >= s->l1_size) {
         return 0;
     }
-    if (!(s->l1[l1i] & QCOW2_L1E_OFFSET_MASK) && !has_backing_file(s)) {
+    if (!(s->l1[l1i] & QCOW2_L1E_OFFSET_MASK) && mode != MODE_ZERO && mode != MODE_ZERO_UNMAP &&
+        !has_backing_file(s)) {
         return 0;
     }
     int r = qcow2_mark_dirty(s);
