@@ -192,11 +192,18 @@ static int coroutine_fn grow(Qcow2State *s, uint64_t old, uint64_t size, QkPreal
     }
     bs->size = size;
     /* The new area must read as zeros: data of a bigger backing file, or
-     * the old tail of the last cluster, must not show through. */
+     * the old tail of the last cluster, must not show through. Where a
+     * backing file reaches past the old end, a v3 image records zeros
+     * over all of the new area, as QEMU does, so that a backing file
+     * that grows or is swapped later does not show through either; v2
+     * has no zero flag, and gets zeros written only as far as the
+     * backing file reaches. */
     uint64_t zend = qk_align_up(old, s->cluster_size);
     if (bs->backing) {
         int64_t bl = qk_block_length(bs->backing);
-        if (bl > 0 && (uint64_t)bl > zend) {
+        if (bl > 0 && (uint64_t)bl > old && qcow2_is_v3(s)) {
+            zend = size;
+        } else if (bl > 0 && (uint64_t)bl > zend) {
             zend = (uint64_t)bl;
         }
     }
