@@ -208,6 +208,16 @@ static int coroutine_fn grow(Qcow2State *s, uint64_t old, uint64_t size, QkPreal
         }
     }
     zend = QK_MIN(zend, size);
+    if (zend > old && !bs->backing && !s->h.backing_file_offset) {
+        /* Without a backing file only old data in the last cluster's tail
+         * could show: a tail that reads as zeros already is left as it
+         * is, as qemu-img leaves it (no zero flag, no L2 table for it). */
+        uint64_t pnum = 0;
+        int st = qk_co_block_status(bs, old, zend - old, &pnum, NULL, NULL);
+        if (st >= 0 && (st & QK_BS_ZERO) && pnum >= zend - old) {
+            zend = old;
+        }
+    }
     /* Preallocated clusters too: the last cluster's tail past the old
      * end, and subclusters left unallocated (extended L2), would show
      * the backing file. */
