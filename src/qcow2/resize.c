@@ -199,8 +199,9 @@ static int coroutine_fn grow(Qcow2State *s, uint64_t old, uint64_t size, QkPreal
      * has no zero flag, and gets zeros written only as far as the
      * backing file reaches. */
     uint64_t zend = qk_align_up(old, s->cluster_size);
+    int64_t bl = -1;
     if (bs->backing) {
-        int64_t bl = qk_block_length(bs->backing);
+        bl = qk_block_length(bs->backing);
         if (bl > 0 && (uint64_t)bl > old && qcow2_is_v3(s)) {
             zend = size;
         } else if (bl > 0 && (uint64_t)bl > zend) {
@@ -208,13 +209,16 @@ static int coroutine_fn grow(Qcow2State *s, uint64_t old, uint64_t size, QkPreal
         }
     }
     zend = QK_MIN(zend, size);
-    if (zend > old && !bs->backing && !s->h.backing_file_offset) {
-        /* Without a backing file only old data in the last cluster's tail
-         * could show: a tail that reads as zeros already is left as it
-         * is, as qemu-img leaves it (no zero flag, no L2 table for it). */
+    if (zend > old && zend == QK_MIN(qk_align_up(old, s->cluster_size), size) &&
+        (bs->backing ? bl >= 0 && (uint64_t)bl <= old : !s->h.backing_file_offset)) {
+        /* Only the last cluster's tail, where no backing file reaches:
+         * nothing but old data of this image's own could show there. A
+         * tail that reads as zeros already, or that this image does not
+         * hold, is left as it is, as qemu-img leaves it (no zero flag, no
+         * L2 table, no zeros written for it). */
         uint64_t pnum = 0;
         int st = qk_co_block_status(bs, old, zend - old, &pnum, NULL, NULL);
-        if (st >= 0 && (st & QK_BS_ZERO) && pnum >= zend - old) {
+        if (st >= 0 && pnum >= zend - old && ((st & QK_BS_ZERO) || !(st & QK_BS_ALLOCATED))) {
             zend = old;
         }
     }

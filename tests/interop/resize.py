@@ -192,6 +192,11 @@ case("v2 with snapshots", "qcow2", 8 * M, ["IMG", "32M"], copts="compat=0.10", w
 # what a shrink cut shows the backing file again when grown.
 case("grow over a bigger backing file", "qcow2", 4 * M, ["IMG", "12M"], writes=data[:3], backing=10 * M)
 case("shrink over a backing file", "qcow2", 8 * M, ["--shrink", "IMG", "3M"], writes=data, backing=8 * M)
+# Growing from inside a cluster that holds nothing (no backing file, or
+# one that ends before it): nothing to zero, the cluster stays unallocated.
+case("grow from a partial cluster, nothing there", "qcow2", 4 * M + 1536, ["IMG", "12M"], writes=data[:2])
+case("grow from a partial cluster past a shorter backing file", "qcow2", 4 * M + 1536, ["IMG", "12M"],
+     writes=data[:2], backing=2 * M)
 # Preallocated growth over a bigger backing file: the old last cluster's
 # tail and unallocated subclusters must not show the backing file.
 for mode in ("metadata", "falloc", "full"):
