@@ -7,7 +7,10 @@
  *    the request are copied, untouched subclusters stay as they were;
  *  - an owned cluster whose target subclusters are unallocated or zero is
  *    filled in place, copying only the partial edge subclusters;
- *  - a compressed or shared cluster is replaced by a copy of all of it.
+ *  - a compressed or shared cluster is replaced by a copy of all of it;
+ *    with extended L2, a shared one by a copy of the span from its first
+ *    to its last allocated subcluster (and the write's own), the rest
+ *    keeping its zero bits or staying unallocated, as QEMU does.
  * Copies of zeros are skipped when the host bytes are known to be zeros
  * (space never used before, see the clean-host table in deps.c). Order:
  * refcounts, then data, then L2 (a flush between data and the L2 table's
@@ -34,7 +37,10 @@ typedef struct AllocPlan {
     uint64_t c0, n;              /* clusters written */
     uint64_t l1i, i0;
     bool fresh;                  /* new host clusters */
-    bool replace;                /* fresh, and the old cluster must be copied whole */
+    bool replace;                /* fresh, and the old cluster must be copied */
+    bool keep_bits;              /* replace with extended L2: subclusters outside
+                                  * [head, tail) keep their zero bits, the rest
+                                  * stays unallocated */
     bool virgin;                 /* fresh host space never used before */
     uint64_t host;               /* host offset of cluster c0 (after allocation when fresh) */
     uint64_t wend;               /* end of the guest data written by this step */
@@ -124,6 +130,7 @@ static int coroutine_fn plan_alloc(Qcow2State *s, uint64_t off, uint64_t bytes, 
     }
     uint64_t bm = 0;
     uint64_t e0 = t ? qcow2_l2_get(s, t, p->i0, &bm) : 0;
+    const uint32_t alloc0 = (uint32_t)(bm & QCOW2_BITMAP_ALL_ALLOC);
     p->n = 1;
     if (needs_new_host(s, e0)) {
         p->fresh = true;
@@ -144,7 +151,20 @@ static int coroutine_fn plan_alloc(Qcow2State *s, uint64_t off, uint64_t bytes, 
 
     uint64_t start = p->c0 * cs, end = (p->c0 + p->n) * cs;
     p->wend = QK_MIN(off + bytes, end);
-    if (p->replace) {
+    if (p->replace && s->extended_l2 && !(e0 & QCOW2_OFLAG_COMPRESSED)) {
+        /* A shared cluster with extended L2 (a snapshot holds it): only
+         * the span from its first to its last allocated subcluster, and
+         * the write's own, is copied (unallocated subclusters inside it
+         * get the backing file's data, zero ones zeros), as QEMU copies
+         * it. The rest keeps its zero bits or stays unallocated. */
+        p->keep_bits = true;
+        p->head = qk_align_down(off, scs);
+        p->tail = QK_MIN(qk_align_up(p->wend, scs), end);
+        if (alloc0) {
+            p->head = QK_MIN(p->head, start + (uint64_t)__builtin_ctz(alloc0) * scs);
+            p->tail = QK_MAX(p->tail, start + (uint64_t)(32 - __builtin_clz(alloc0)) * scs);
+        }
+    } else if (p->replace) {
         p->head = start;
         p->tail = end;
     } else {
@@ -289,7 +309,13 @@ static int coroutine_fn update_l2(Qcow2State *s, const AllocPlan *p, uint64_t fo
             break;
         }
         uint64_t nbm = 0;
-        if (s->extended_l2) {
+        if (p->keep_bits && (bm & QCOW2_BITMAP_ALL_ALLOC & ~(uint64_t)mask)) {
+            r = -QK_ECORRUPT; /* data outside the copy: the plan was wrong */
+            break;
+        }
+        if (p->keep_bits) {
+            nbm = mask | (bm & ~(uint64_t)QCOW2_BITMAP_ALL_ALLOC & ~((uint64_t)mask << 32));
+        } else if (s->extended_l2) {
             nbm = p->replace ? QCOW2_BITMAP_ALL_ALLOC
                              : ((bm | mask) & ~((uint64_t)mask << 32));
             if (p->fresh && !p->replace) {
