@@ -9,6 +9,13 @@ trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
 fail=0
 bad() { echo "FAIL: $*"; fail=1; }
+# map_layers IMAGE: qemu-img map's ranges with their layer and whether
+# each is present and zero (host offsets left out: they differ between
+# twins).
+map_layers() {
+  qemu-img map --output=json "$1" |
+    grep -o '"start": [0-9]*, "length": [0-9]*, "depth": [0-9]*, "present": [a-z]*, "zero": [a-z]*'
+}
 # same_list IMAGE WHAT: our listing equals qemu-img's, byte for byte.
 same_list() {
   if ! diff <($QK snapshot -l "$1") <(qemu-img snapshot -l "$1") >diff.out; then
