@@ -2,9 +2,10 @@
 # Seeded random sequences where qcowkit and QEMU's tools take turns on the
 # same images (tests/interop/mixed_tools.py): snapshots with compressed
 # clusters, persistent dirty bitmaps, external data files, writes racing
-# inside a cluster, and an NBD export of qcowkit serve. QEMU's result is
-# the reference. Short form here; the long form by hand:
-#   bash tests/interop/mixed-tools.sh --seeds 300 [--kinds snap,bitmap,datafile,aio,nbd] [--first S]
+# inside a cluster, an NBD export of qcowkit serve, and backing chains
+# under commit, rebase and amend. QEMU's result is the reference. Short
+# form here; the long form by hand:
+#   bash tests/interop/mixed-tools.sh --seeds 300 [--kinds snap,bitmap,datafile,aio,nbd,chain] [--first S]
 set -eu
 command -v qemu-nbd >/dev/null && command -v nbdinfo >/dev/null || { echo "qemu-nbd/nbdinfo missing"; exit 77; }
 # Images live on tmpfs when there is one: the test is about content.

@@ -17,20 +17,28 @@ in three kinds:
   through an export of `qcowkit serve` (cache none, writeback or unsafe),
   against qemu-io on the twin directly; serve must stop cleanly on
   SIGTERM.
+- chain: a backing chain base <- mid <- top (each layer with its own
+  cluster size, version, refcount width, extended L2 or not) taking
+  writes into any layer, commit (into the backing file, with -d, or -b
+  further down), rebase (safe and -u, onto another layer or none), amend
+  (compat, lazy_refcounts, refcount_bits) and growth; every layer must
+  then read as Q's (each through its own chain), have the same size,
+  backing file name and options, and hold the same ranges itself.
 
-snap, bitmap and datafile run each sequence three times: on Q by qemu-io/qemu-img
-alone, on K by qcowkit alone, and on M with every step (a run of I/O
-commands or one snapshot or bitmap command) done by either program,
-picked at random, so that each reads and changes what the other wrote.
-Afterwards K and M must read as Q does (the active disk, and every
-snapshot through qemu-img convert -l; qcowkit's own reading of Q's
-snapshots too), list the same snapshots, hold the same bitmaps with the
-same flags and the same dirty ranges (qemu-nbd -B and nbdinfo --map), and
-pass both checks.
+snap, bitmap, datafile and chain run each sequence three times: on Q by
+qemu-io/qemu-img alone, on K by qcowkit alone, and on M with every step (a
+run of I/O commands or one snapshot, bitmap or chain command) done by
+either program, picked at random, so that each reads and changes what the
+other wrote. Afterwards K and M must read as Q does (the active disk, and
+every snapshot through qemu-img convert -l; qcowkit's own reading of Q's
+snapshots too), hold the same ranges themselves (what a backing file
+attached later would show through), list the same snapshots, hold the
+same bitmaps with the same flags and the same dirty ranges (qemu-nbd -B
+and nbdinfo --map), and pass both checks.
 
-Usage: mixed_tools.py QCOWKIT WORKDIR [--kinds snap,bitmap,datafile,aio,nbd] [--seeds N]
+Usage: mixed_tools.py QCOWKIT WORKDIR [--kinds snap,bitmap,datafile,aio,nbd,chain] [--seeds N]
                       [--first S] [--asan QCOWKIT_ASAN] [--keep DIR]
---seeds N runs N sequences of snap, bitmap, datafile and nbd, and 3N of
+--seeds N runs N sequences of snap, bitmap, datafile, nbd and chain, and 3N of
 aio (a tenth of their cost each); --asan runs the aio and nbd kinds with
 that binary (the races are where a sanitizer sees most); --keep saves
 failing images.
@@ -294,6 +302,12 @@ def checks(imgs, judged, fails):
             p = run(["qemu-img", "compare", imgs["q"], imgs[t]], ok=None)
             if p.returncode != 0:
                 fails.append("the disk of %s differs from q's: %s" % (t, p.stdout[-300:]))
+            # What the image holds itself decides what a backing file
+            # attached later would show.
+            own = own_ranges(json.loads(run(["qemu-img", "map", "--output=json", imgs[t]]).stdout))
+            want = own_ranges(json.loads(run(["qemu-img", "map", "--output=json", imgs["q"]]).stdout))
+            if own != want:
+                fails.append("what %s holds itself: %s..., q: %s..." % (t, own[:6], want[:6]))
 
 
 def snapshot_names(prog, img):
@@ -486,14 +500,232 @@ def case_nbd(d, seed):
     return opts + ["cache=" + cache], cmds, fails
 
 
-CASES = {"snap": case_snap, "bitmap": case_bitmap, "datafile": case_datafile, "aio": case_aio, "nbd": case_nbd}
+LAYERS = ("base", "mid", "top")
+
+
+def gen_chain(rng):
+    """A chain base <- mid <- top, each layer with its own layout, and a
+    sequence of writes into any layer mixed with commit, rebase, amend and
+    resize. The generator keeps a model of the chain and of each layer's
+    options so that every command is one both programs accept, and steers
+    clear of the documented differences (README): a safe rebase only of a
+    layer that has a backing file, no downgrade of zstd images, no growth of
+    a v2 image with a backing file, growth by whole clusters only."""
+    lay = {}
+    for name in LAYERS:
+        cl, opts = layout(rng, True)
+        opts = [o for o in opts if o != "compression_type=zstd"]
+        lay[name] = {"cl": cl, "opts": opts, "v2": "compat=0.10" in opts, "was_v2": "compat=0.10" in opts,
+                     "ext": "extended_l2=on" in opts, "lazy": "lazy_refcounts=on" in opts,
+                     "bits": next((int(o.split("=")[1]) for o in opts if o.startswith("refcount_bits=")), 16)}
+    big = max(v["cl"] for v in lay.values())
+    size = rng.choice([2, 4]) * max(big, 65536) * 4
+    for v in lay.values():
+        v["size"] = size
+    size0 = size
+    back = {"base": None, "mid": "base", "top": "mid"}
+    ops = []
+    # Compressed clusters in base's first quarter, before anything else
+    # (QEMU compresses only into unallocated clusters).
+    cb = lay["base"]["cl"]
+    if rng.random() < 0.4:
+        n = rng.randint(1, max(1, size // cb // 4))
+        ops.append(("io", "base", "write -c -P 0x%02x 0 %d" % (rng.randint(1, 255), n * cb)))
+
+    def chain_of(name):
+        out = []
+        while back[name]:
+            name = back[name]
+            out.append(name)
+        return out
+
+    for _ in range(rng.randint(8, 45)):
+        k = rng.choices(["write", "zero", "zerou", "discard", "commit", "rebase", "amend", "grow", "step"],
+                        weights=[40, 8, 6, 8, 9, 9, 7, 3, 4])[0]
+        if k in ("write", "zero", "zerou", "discard"):
+            name = rng.choices(LAYERS, weights=[25, 25, 50])[0]
+            if lay[name].get("frozen"):
+                continue
+            cl, lsize = lay[name]["cl"], lay[name]["size"]
+            if k == "discard":
+                n = rng.randint(1, 3)
+                off = rng.randrange(0, lsize // cl - n + 1) * cl
+                ops.append(("io", name, "discard %d %d" % (off, n * cl)))
+            else:
+                ops.append(("io", name, data_op(rng, k, *ranged(rng, 0, lsize, cl))))
+        elif k == "step":
+            ops.append(("step", None, None))
+        elif k == "commit":
+            name = rng.choice(["mid", "top"])
+            below = chain_of(name)
+            if not below:
+                continue
+            r = rng.random()
+            if r < 0.3 and len(below) > 1:
+                ops.append(("commit", name, ["-b", "@" + below[-1]]))
+                into, done = below[-1], [name] + below[:-1]
+            else:
+                ops.append(("commit", name, ["-d"] if r < 0.5 else []))
+                into, done = below[0], [name]
+            # qemu-img's commit copies whole blocks of 4 KiB or more,
+            # data from below included, where qcowkit copies only what the
+            # overlays hold: both read the same until what lies below
+            # changes. So from now on nothing below `into` is written to,
+            # and `into` is not rebased unsafely.
+            lay[into]["took_commit"] = True
+            for x in chain_of(into):
+                lay[x]["frozen"] = True
+            # A base smaller than what is committed into it grows.
+            lay[into]["size"] = max([lay[into]["size"]] + [lay[x]["size"] for x in done])
+        elif k == "rebase":
+            name = rng.choice(["mid", "top"])
+            cands = [""] + [c for c in (["base"] if name == "mid" else ["base", "mid"]) if c != back[name]]
+            new = rng.choice(cands)
+            if new == "" and back[name] is None:
+                continue
+            # Without a backing file a safe rebase differs on purpose (README).
+            unsafe = back[name] is None or rng.random() < 0.3
+            if unsafe and lay[name].get("took_commit"):
+                continue
+            ops.append(("rebase", name, (["-u"] if unsafe else []) +
+                        (["-b", new + ".qcow2", "-F", "qcow2"] if new else ["-b", ""])))
+            back[name] = new or None
+        elif k == "amend":
+            name = rng.choice(LAYERS)
+            v = lay[name]
+            if v["v2"]:
+                v["v2"] = False
+                ops.append(("amend", name, "compat=1.1"))
+                continue
+            r = rng.random()
+            if r < 0.35:
+                v["lazy"] = not v["lazy"]
+                ops.append(("amend", name, "lazy_refcounts=" + ("on" if v["lazy"] else "off")))
+            elif r < 0.7 and v["cl"] < 262144:
+                # (qemu-img 7.2's amend of refcount_bits never ends on
+                # clusters of 256 KiB and more)
+                v["bits"] = rng.choice([8, 16, 32, 64] if any(o[0] == "io" and " -c " in o[2] for o in ops)
+                                       else [1, 2, 4, 8, 16, 32, 64])
+                ops.append(("amend", name, "refcount_bits=%d" % v["bits"]))
+            elif not v["ext"] and not v["lazy"] and v["bits"] == 16:
+                v["v2"] = v["was_v2"] = True
+                ops.append(("amend", name, "compat=0.10"))
+        elif k == "grow":
+            name = rng.choice(LAYERS)
+            v = lay[name]
+            if v["v2"] and back[name]:
+                continue
+            n = rng.randint(1, 4) * max(big, 65536)
+            v["size"] += n
+            ops.append(("resize", name, "+%d" % n))
+    return lay, size0, ops
+
+
+def own_ranges(m):
+    """The ranges an image holds itself (present at depth 0 of qemu-img
+    map), merged without regard to host offsets, which differ between the
+    twins. How each holds them may differ: a zero write that covers part
+    of a cluster allocates zeros here where QEMU sets the zero flag when
+    the chain below reads as zeros there too."""
+    out = []
+    for e in m:
+        if e["depth"] != 0:
+            continue
+        key = e.get("present", True)
+        if out and out[-1][3] == key and out[-1][0] + out[-1][1] == e["start"]:
+            out[-1][1] += e["length"]
+        else:
+            out.append([e["start"], e["length"], None, key])
+    return [(a, b, k) for a, b, _, k in out]
+
+
+def case_chain(d, seed):
+    rng = random.Random(seed)
+    lay, size0, ops = gen_chain(rng)
+    tw = {}
+    for t in ("q", "k", "m"):
+        td = os.path.join(d, t)
+        os.makedirs(td)
+        prev = None
+        for name in LAYERS:
+            cmd = ["qemu-img", "create", "-q", "-f", "qcow2", "-o", ",".join(lay[name]["opts"])]
+            if prev:
+                cmd += ["-b", prev + ".qcow2", "-F", "qcow2"]
+            run(cmd + [os.path.join(td, name + ".qcow2"), str(size0)])
+            prev = name
+        tw[t] = td
+    pick = random.Random(seed * 7 + 1)
+    for t in ("q", "k", "m"):
+        who = (lambda: pick.choice("qk")) if t == "m" else (lambda t=t: t)
+        path = lambda name, t=t: os.path.join(tw[t], name + ".qcow2")
+        batch, blayer = [], None
+        for op in ops + [("step", None, None)]:
+            if op[0] == "io" and op[1] == blayer:
+                batch.append(op[2])
+                continue
+            if batch:
+                io_batch(who(), path(blayer), batch)
+            batch, blayer = [], None
+            if op[0] == "io":
+                batch, blayer = [op[2]], op[1]
+                continue
+            if op[0] == "step":
+                continue
+            prog = "qemu-img" if who() == "q" else QK
+            if op[0] == "commit":
+                args = [path(a[1:]) if a.startswith("@") else a for a in op[2]]
+                run([prog, "commit", "-q"] + args + [path(op[1])])
+            elif op[0] == "rebase":
+                run([prog, "rebase", "-q"] + op[2] + [path(op[1])])
+            elif op[0] == "amend":
+                run([prog, "amend", "-q", "-o", op[2], path(op[1])])
+            else:
+                run([prog, "resize", "-q", path(op[1]), op[2]])
+    fails = []
+    keys = ("virtual-size", "backing-filename", "backing-filename-format")
+    fkeys = ("compat", "lazy-refcounts", "refcount-bits", "extended-l2")
+    for name in LAYERS:
+        want = None
+        for t in ("q", "k", "m"):
+            img = os.path.join(tw[t], name + ".qcow2")
+            p = run(["qemu-img", "check", img], ok=None)
+            if t != "q" and p.returncode != 0:
+                fails.append("qemu-img check of %s/%s: %d\n%s" % (t, name, p.returncode, p.stdout[-800:]))
+            p = run([QK, "check", img], ok=None)
+            if p.returncode != 0:
+                fails.append("qcowkit check of %s/%s: %d\n%s" % (t, name, p.returncode, p.stdout[-800:]))
+            j = json.loads(run(["qemu-img", "info", "--output=json", img]).stdout)
+            got = [j.get(x) for x in keys] + [j["format-specific"]["data"].get(x) for x in fkeys]
+            m = json.loads(run(["qemu-img", "map", "--output=json", img]).stdout)
+            own = own_ranges(m)
+            if t == "q":
+                want, wown = got, own
+                continue
+            if got != want:
+                fails.append("info of %s/%s: %s, q has %s" % (t, name, got, want))
+            # Not compared where the two differ on purpose: qemu-img's
+            # commit copies whole 4 KiB blocks or more, backing data
+            # included, where qcowkit copies what the overlay holds; and
+            # v2 has no zero flag: zeros committed into a v2 image with no
+            # backing file are data from qemu-img and holes from qcowkit
+            # (and from qemu-io's zero writes), which read the same.
+            if own != wown and not lay[name]["was_v2"] and not lay[name].get("took_commit"):
+                fails.append("what %s/%s holds itself: %s..., q: %s..." % (t, name, own[:6], wown[:6]))
+            p = run(["qemu-img", "compare", os.path.join(tw["q"], name + ".qcow2"), img], ok=None)
+            if p.returncode != 0:
+                fails.append("%s/%s reads differently from q's: %s" % (t, name, p.stdout[-300:]))
+    opts = ["%s:%s" % (n, "+".join(lay[n]["opts"])) for n in LAYERS]
+    return opts, ops, fails
+
+
+CASES = {"chain": case_chain, "snap": case_snap, "bitmap": case_bitmap, "datafile": case_datafile, "aio": case_aio, "nbd": case_nbd}
 
 
 def main():
     global QK, KEEP
     plain, work = sys.argv[1], sys.argv[2]
     asan = plain
-    kinds, seeds, first = ["snap", "bitmap", "datafile", "aio", "nbd"], 10, 1
+    kinds, seeds, first = ["snap", "bitmap", "datafile", "aio", "nbd", "chain"], 10, 1
     args = sys.argv[3:]
     while args:
         if args[0] == "--kinds":
