@@ -35,7 +35,10 @@ run_case() { # NAME CREATE_OPTS OLD_SIZE WRITE BITMAPS(0|1) NEW_SIZE_ARGS... | s
   fi
   cp img.qcow2 init.qcow2
   QCOWKIT_LOG_WRITES=$PWD/w.log "$QK" "${cmd[@]}" >/dev/null || { bad "$name: ${cmd[0]} failed"; return; }
-  python3 - "$SRC_DIR/tests/crash" init.qcow2 img.qcow2 w.log "$write" "$name" "$QK" <<'PY' || fail=1
+  # The resize runs under the sanitizer build; the checks of its many
+  # crash states use the plain one (the fuzzers and hostile tests run
+  # check on damaged images under the sanitizer).
+  python3 - "$SRC_DIR/tests/crash" init.qcow2 img.qcow2 w.log "$write" "$name" "${QCOWKIT:-$QK}" <<'PY' || fail=1
 import os, subprocess, sys
 sys.path.insert(0, sys.argv[1])
 import replay, wlog
@@ -51,8 +54,9 @@ for st, data in replay.states(open(init, "rb").read(), recs, 1, 12):
     with open("state.qcow2", "wb") as f:
         f.write(data)
     chk = subprocess.run(["qemu-img", "check", "state.qcow2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    info = subprocess.run(["qemu-img", "info", "--output=json", "state.qcow2"], stdout=subprocess.PIPE, text=True).stdout
-    size = info.split('"virtual-size": ')[1].split(",")[0] if '"virtual-size": ' in info else None
+    # The size field of the header (offset 24): what qemu-img info shows
+    # of an image its check could open, without a process per state.
+    size = str(int.from_bytes(data[24:32], "big")) if len(data) >= 32 else None
     ours = subprocess.run([qk, "check", "state.qcow2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ok = chk.returncode in (0, 3) and size in sizes and ours.returncode == chk.returncode
     if ok and write:
