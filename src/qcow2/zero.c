@@ -77,6 +77,15 @@ static bool has_backing_file(const Qcow2State *s)
     return s->bs->backing || s->h.backing_file_offset || s->backing_pending;
 }
 
+/* Whether clusters whose L1 entry names no L2 table need one for this
+ * change: a zero write records its zeros (v3), a discard matters only
+ * where a backing file would show, and nothing is cut from a table that
+ * does not exist. */
+static bool needs_table(const Qcow2State *s, int mode)
+{
+    return mode == MODE_ZERO || mode == MODE_ZERO_UNMAP || (mode == MODE_DISCARD && has_backing_file(s));
+}
+
 /* Updates the entries of clusters [c, c+n), all in one L2 table. */
 static int coroutine_fn modify_table(Qcow2State *s, uint64_t c, uint64_t n, int mode)
 {
@@ -85,9 +94,8 @@ static int coroutine_fn modify_table(Qcow2State *s, uint64_t c, uint64_t n, int 
     if (l1i >= s->l1_size) {
         return 0;
     }
-    if (!(s->l1[l1i] & QCOW2_L1E_OFFSET_MASK) &&
-        (mode == MODE_CUT || (mode == MODE_DISCARD && !has_backing_file(s)))) {
-        return 0; /* nothing to cut, or nothing here and nothing below */
+    if (!(s->l1[l1i] & QCOW2_L1E_OFFSET_MASK) && !needs_table(s, mode)) {
+        return 0;
     }
     int r = qcow2_mark_dirty(s);
     void *t;
@@ -162,8 +170,7 @@ static int coroutine_fn modify_subclusters(Qcow2State *s, uint64_t c, uint32_t m
     if (l1i >= s->l1_size) {
         return 0;
     }
-    if (!(s->l1[l1i] & QCOW2_L1E_OFFSET_MASK) && mode != MODE_ZERO && mode != MODE_ZERO_UNMAP &&
-        !has_backing_file(s)) {
+    if (!(s->l1[l1i] & QCOW2_L1E_OFFSET_MASK) && !needs_table(s, mode)) {
         return 0;
     }
     int r = qcow2_mark_dirty(s);

@@ -16,6 +16,19 @@ map_layers() {
   qemu-img map --output=json "$1" |
     grep -o '"start": [0-9]*, "length": [0-9]*, "depth": [0-9]*, "present": [a-z]*, "zero": [a-z]*'
 }
+# twin_io WHAT QEMU-IO-ARGS...: the same commands on q.qcow2 by qemu-io
+# and on k.qcow2 by qcowkit; k must pass qemu-img check and show the
+# same map_layers as q.
+twin_io() {
+  local what=$1
+  shift
+  qemu-io "$@" q.qcow2 >/dev/null || bad "$what: qemu-io"
+  "$QK" io "$@" k.qcow2 >o.txt 2>&1 || { bad "$what: qcowkit io"; cat o.txt; }
+  qemu-img check -q k.qcow2 || bad "$what: check"
+  map_layers q.qcow2 >q.map
+  map_layers k.qcow2 >k.map
+  diff q.map k.map >o.txt || { bad "$what: map differs from qemu-io's twin"; cat o.txt; }
+}
 # same_list IMAGE WHAT: our listing equals qemu-img's, byte for byte.
 same_list() {
   if ! diff <($QK snapshot -l "$1") <(qemu-img snapshot -l "$1") >diff.out; then

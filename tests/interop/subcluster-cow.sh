@@ -33,12 +33,7 @@ for cs in 65536 2M; do
       qemu-img snapshot -c s $t.qcow2
     done
     cp q.qcow2 before.qcow2
-    qemu-io "${writes[@]}" q.qcow2 >/dev/null || bad "$what: qemu-io writes"
-    "$QK" io "${writes[@]}" k.qcow2 >o.txt 2>&1 || { bad "$what: writes"; cat o.txt; }
-    qemu-img check -q k.qcow2 || bad "$what: check"
-    map_layers q.qcow2 >q.map
-    map_layers k.qcow2 >k.map
-    diff q.map k.map >o.txt || { bad "$what: map differs from qemu-io's twin"; cat o.txt; }
+    twin_io "$what: writes" "${writes[@]}"
     qemu-img compare q.qcow2 k.qcow2 >o.txt 2>&1 || { bad "$what: reads differently"; cat o.txt; }
     qemu-img snapshot -a s k.qcow2
     qemu-img compare before.qcow2 k.qcow2 >o.txt 2>&1 || { bad "$what: the snapshot changed"; cat o.txt; }

@@ -27,12 +27,7 @@ for opts in cluster_size=512 cluster_size=65536 cluster_size=65536,extended_l2=o
       qemu-img create -q -f qcow2 -o "$opts" $t.qcow2 4M
       [ $pre = some ] && qemu-io -c 'write -P 0x22 0 4096' $t.qcow2 >/dev/null
     done
-    qemu-io "${zeros[@]}" q.qcow2 >/dev/null || bad "$what: qemu-io write -z"
-    "$QK" io "${zeros[@]}" k.qcow2 >o.txt 2>&1 || { bad "$what: write -z"; cat o.txt; }
-    qemu-img check -q k.qcow2 || bad "$what: check after write -z"
-    map_layers q.qcow2 >q.map
-    map_layers k.qcow2 >k.map
-    diff q.map k.map >o.txt || { bad "$what: map differs from qemu-io's twin"; cat o.txt; }
+    twin_io "$what: write -z" "${zeros[@]}"
     qemu-img rebase -u -b q-base.qcow2 -F qcow2 q.qcow2
     "$QK" rebase -u -b k-base.qcow2 -F qcow2 k.qcow2 || bad "$what: rebase -u"
     qemu-img compare q.qcow2 k.qcow2 >o.txt 2>&1 || { bad "$what: reads differently after rebase -u"; cat o.txt; }
