@@ -13,7 +13,8 @@
  * the usual one: references go (L2 entries, then L1 entries, written and
  * flushed) before the refcounts they held drop; the new size is written
  * last when shrinking (a crash before leaves the old size with a cut
- * tail), after the new L1 when growing. An external data file grows
+ * tail), and last when growing too: after the new L1 table and the
+ * zeros over the new area are durable. An external data file grows
  * before any metadata maps its new area and is cut only after a shrink
  * has dropped every reference past the new end.
  */
@@ -156,41 +157,12 @@ static int coroutine_fn shrink(Qcow2State *s, uint64_t size, QkError *err)
     return 0;
 }
 
-static int coroutine_fn grow(Qcow2State *s, uint64_t old, uint64_t size, QkPrealloc prealloc, QkError *err)
+/* Makes [old, size) read as zeros, the size in memory already the new
+ * one. Returns 1 if it wrote anything. May yield; called without
+ * s->lock. */
+static int coroutine_fn zero_new_area(Qcow2State *s, uint64_t old, uint64_t size, QkError *err)
 {
     QkBlock *bs = s->bs;
-    int r = cut_tail(s, old, true);
-    if (r < 0) {
-        qk_co_mutex_unlock(&s->lock);
-        return qk_error_set_errno(err, r, "Could not clear the area past the old end");
-    }
-    r = qcow2_grow_l1(s, qcow2_l1_needed(s, size), err);
-    if (r == 0 && prealloc != QK_PREALLOC_OFF) {
-        r = qcow2_preallocate(s, old, size, prealloc, err);
-    }
-    if (r == 0) {
-        /* Durable before the size names the new area: the L1 table's new
-         * place and length in the header (a crash must not leave a size
-         * the L1 table is too small for) and the cut past the old end. */
-        r = qcow2_flush_caches(s);
-        if (r == 0) {
-            r = qk_co_flush(s->bs->file);
-        }
-        if (r < 0) {
-            qk_error_set_errno(err, r, "Could not write metadata");
-        }
-    }
-    if (r == 0) {
-        r = write_size(s, size);
-        if (r < 0) {
-            qk_error_set_errno(err, r, "Could not update the qcow2 header");
-        }
-    }
-    qk_co_mutex_unlock(&s->lock);
-    if (r < 0) {
-        return r;
-    }
-    bs->size = size;
     /* The new area must read as zeros: data of a bigger backing file, or
      * the old tail of the last cluster, must not show through. Where a
      * backing file reaches past the old end, a v3 image records zeros
@@ -226,12 +198,68 @@ static int coroutine_fn grow(Qcow2State *s, uint64_t old, uint64_t size, QkPreal
      * end, and subclusters left unallocated (extended L2), would show
      * the backing file. */
     if (zend > old) {
-        r = qk_co_pwrite_zeroes(bs, old, zend - old, 0);
+        int r = qk_co_pwrite_zeroes(bs, old, zend - old, 0);
         if (r < 0) {
             return qk_error_set_errno(err, r, "Could not zero the new area");
         }
+        return 1;
     }
     return 0;
+}
+
+static int coroutine_fn grow(Qcow2State *s, uint64_t old, uint64_t size, QkPrealloc prealloc, QkError *err)
+{
+    QkBlock *bs = s->bs;
+    int r = cut_tail(s, old, true);
+    if (r < 0) {
+        qk_co_mutex_unlock(&s->lock);
+        return qk_error_set_errno(err, r, "Could not clear the area past the old end");
+    }
+    r = qcow2_grow_l1(s, qcow2_l1_needed(s, size), err);
+    if (r == 0 && prealloc != QK_PREALLOC_OFF) {
+        r = qcow2_preallocate(s, old, size, prealloc, err);
+    }
+    if (r == 0) {
+        /* Durable before the size names the new area: the L1 table's new
+         * place and length in the header (a crash must not leave a size
+         * the L1 table is too small for) and the cut past the old end. */
+        r = qcow2_flush_caches(s);
+        if (r == 0) {
+            r = qk_co_flush(s->bs->file);
+        }
+        if (r < 0) {
+            qk_error_set_errno(err, r, "Could not write metadata");
+        }
+    }
+    qk_co_mutex_unlock(&s->lock);
+    if (r < 0) {
+        return r;
+    }
+    /* The new area is zeroed before the header names it, as QEMU orders
+     * it: a crash in between leaves the old size (with zero flags past
+     * it, which nothing reads), never the new size over an area that
+     * still shows the backing file or an old tail. Requests need the new
+     * size in memory to reach the area. */
+    bs->size = size;
+    r = zero_new_area(s, old, size, err);
+    if (r > 0) {
+        r = qk_co_flush(bs);
+        if (r < 0) {
+            qk_error_set_errno(err, r, "Could not write metadata");
+        }
+    }
+    if (r == 0) {
+        qk_co_mutex_lock(&s->lock);
+        r = write_size(s, size);
+        qk_co_mutex_unlock(&s->lock);
+        if (r < 0) {
+            qk_error_set_errno(err, r, "Could not update the qcow2 header");
+        }
+    }
+    if (r < 0) {
+        bs->size = old;
+    }
+    return r;
 }
 
 static int coroutine_fn data_file_grow(Qcow2State *s, uint64_t old, uint64_t size, QkPrealloc prealloc,
