@@ -648,6 +648,9 @@ static int check_range(QkBlock *bs, uint64_t off, uint64_t bytes, bool write)
     if (write && bs->read_only) {
         return -EACCES;
     }
+    if (write && bs->fenced) {
+        return -EIO;
+    }
     if (bs->no_guest_data) {
         return -ENOMEDIUM;
     }
@@ -769,6 +772,9 @@ int coroutine_fn qk_co_flush(QkBlock *bs)
     int r = 0;
     if (bs->read_only) {
         return 0;
+    }
+    if (bs->fenced) {
+        return -EIO;
     }
     bs->in_flight++;
     if (bs->drv->is_protocol) {
@@ -900,6 +906,9 @@ int coroutine_fn qk_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc prealloc,
 {
     if (bs->read_only) {
         return qk_error_set(err, -EACCES, "image is read-only");
+    }
+    if (bs->fenced) {
+        return qk_error_set(err, -EIO, "an earlier metadata update failed: the image takes no more writes");
     }
     if (!bs->drv->co_truncate) {
         return qk_error_set(err, -ENOTSUP, "format '%s' does not support resize", bs->drv->format_name);

@@ -98,6 +98,10 @@ struct QkBlock {
     bool read_only;
     bool format_probed;           /* the format was guessed from the first bytes */
     bool no_guest_data;           /* QK_OPEN_METADATA_ONLY left the data out */
+    /* What the disk holds is unknown after a failed write or flush of a
+     * header switch: every later write, flush or truncate fails with EIO,
+     * so that whichever metadata the disk names stays intact. */
+    bool fenced;
     uint64_t size;                /* virtual size for format nodes */
     QkBlock *file;                /* protocol child; NULL for protocol nodes */
     QkBlock *backing;             /* NULL when none */

@@ -231,6 +231,7 @@ static int coroutine_fn set_compat_bits(Qcow2State *s, uint64_t compat)
     }
     if (r < 0) {
         s->h.compatible_features = old;
+        qcow2_fence(s, r);
     }
     return r;
 }

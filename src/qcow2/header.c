@@ -571,13 +571,13 @@ static int coroutine_fn rewrite_cluster0(QkBlock *bs, const Qcow2Header *nh, con
     if (r == 0) {
         r = qk_co_pwrite(bs->file, 0, s->cluster_size, c0, QK_REQ_KIND(QK_IO_HEADER));
         if (r < 0) {
-            qk_error_set_errno(err, r, "Could not write the header");
+            qk_error_set_errno(err, qcow2_fence(s, r), "Could not write the header");
         }
     }
     if (r == 0) {
         r = qk_co_flush(bs->file);
         if (r < 0) {
-            qk_error_set_errno(err, r, "Could not flush the header");
+            qk_error_set_errno(err, qcow2_fence(s, r), "Could not flush the header");
         }
     }
     if (r == 0) {
@@ -589,10 +589,11 @@ static int coroutine_fn rewrite_cluster0(QkBlock *bs, const Qcow2Header *nh, con
         qcow2_free_extensions(s);
         QkError perr = {0};
         if ((name && !n) || (fmt && !f) || qcow2_parse_extensions(s, c0, &pf, &perr) < 0) {
-            /* On disk it is done; only the in-memory copy is stale. */
+            /* On disk it is done; only the in-memory copy is stale,
+             * and no write may go by it. */
             free(n);
             free(f);
-            r = qk_error_set(err, -ENOMEM, "out of memory");
+            r = qk_error_set(err, qcow2_fence(s, -ENOMEM), "out of memory");
         } else {
             free(bs->backing_file);
             free(bs->backing_format);

@@ -350,6 +350,7 @@ int coroutine_fn qcow2_grow_l1(Qcow2State *s, uint64_t min_size, QkError *err)
         if (r < 0) {
             s->h.l1_size = (uint32_t)old_size;
             s->h.l1_table_offset = old_off;
+            qcow2_fence(s, r);
         }
     }
     free(be);

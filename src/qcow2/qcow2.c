@@ -73,6 +73,13 @@ int qcow2_signal_corruption(Qcow2State *s, const char *fmt, ...)
     return -EIO;
 }
 
+int qcow2_fence(Qcow2State *s, int r)
+{
+    s->bs->fenced = true;
+    s->bs->file->fenced = true;
+    return r;
+}
+
 void qcow2_note_corruption(Qcow2State *s, const char *fmt, ...)
 {
     if (s->meta_corrupt || s->nonfatal_said) {

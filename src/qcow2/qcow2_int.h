@@ -330,6 +330,11 @@ int qcow2_signal_corruption(Qcow2State *s, const char *fmt, ...) __attribute__((
  * is leaked instead): said once, in QEMU's non-fatal words, and the
  * image stays writable and unmarked. */
 void qcow2_note_corruption(Qcow2State *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A header write that switches to new metadata (or the flush that makes
+ * it durable) failed: the disk may name the old structures or the new
+ * ones. Both were intact when the write began, so the image is fenced
+ * (block.h): no write of this process may change either. Returns R. */
+int qcow2_fence(Qcow2State *s, int r);
 /* Says the L1 table, the refcount table or the bitmap directory changed
  * (a table added, moved or dropped). */
 void qcow2_meta_changed(Qcow2State *s);

@@ -418,6 +418,9 @@ static int coroutine_fn grow_table(Qcow2State *s, uint64_t need_ti)
             s->h.refcount_table_offset = start << s->cluster_bits;
             s->h.refcount_table_clusters = (uint32_t)nclusters;
             r = qcow2_write_header_field(s, QCOW2_HOFF_REFTABLE, 12);
+            if (r < 0) {
+                qcow2_fence(s, r);
+            }
         }
         if (r < 0) {
             /* Back to the table on disk. Blocks only the new table names

@@ -210,10 +210,12 @@ int coroutine_fn ck_rebuild_refcounts(Check *k, QkError *err)
         r = qk_co_flush(s->bs->file);
     }
     if (r < 0) {
+        /* The disk may name either structure now: the old one stays
+         * named in memory, and nothing more is written. */
         s->h.refcount_table_offset = old_off;
         s->h.refcount_table_clusters = old_clusters;
         free(table);
-        return qk_error_set_errno(err, r, "Could not switch the header to the new refcount structure");
+        return qk_error_set_errno(err, qcow2_fence(s, r), "Could not switch the header to the new refcount structure");
     }
     /* Forget the old blocks: their clusters are free now and may be reused. */
     for (uint64_t i = 0; i < s->rt_size; i++) {

@@ -630,6 +630,7 @@ static int coroutine_fn goto_locked(Qcow2State *s, const Qcow2Snapshot *sn, QkEr
         }
         if (r < 0) {
             s->h = old_h;
+            qcow2_fence(s, r);
         }
     }
     if (r < 0) {

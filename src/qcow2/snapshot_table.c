@@ -300,10 +300,14 @@ int coroutine_fn qcow2_snapshots_write(Qcow2State *s, const Qcow2Snapshot *sn, u
         if (r < 0) {
             s->h.nb_snapshots = old_nb;
             s->h.snapshots_offset = old_off;
+            qcow2_fence(s, r);
         }
     }
     if (r == 0) {
         r = qk_co_flush(s->bs->file);
+        if (r < 0) {
+            qcow2_fence(s, r);
+        }
     }
     if (r < 0) {
         if (off > 0 && s->h.snapshots_offset != (uint64_t)off) {
@@ -335,7 +339,7 @@ int coroutine_fn qcow2_snapshots_cut(Qcow2State *s, uint32_t keep, QkError *err)
     if (r < 0) {
         s->h.nb_snapshots = old_nb;
         s->h.snapshots_offset = old_off;
-        return qk_error_set_errno(err, r, "Could not write the header");
+        return qk_error_set_errno(err, qcow2_fence(s, r), "Could not write the header");
     }
     /* The overlap check protected all the old table claimed, past the end
      * of the file too, where the repair may now allocate. */
