@@ -80,7 +80,7 @@ static int coroutine_fn snapshot_zero_clusters(Qcow2State *s, char **which, QkEr
 }
 
 /* Everything that would make a downgrade refuse; nothing written. */
-static int coroutine_fn downgrade_check(QkBlock *bs, uint32_t refcount_bits, QkError *err)
+static int coroutine_fn downgrade_check(QkBlock *bs, uint32_t refcount_bits, uint64_t size, QkError *err)
 {
     Qcow2State *s = qcow2_state(bs);
     if (refcount_bits != 16) {
@@ -102,7 +102,10 @@ static int coroutine_fn downgrade_check(QkBlock *bs, uint32_t refcount_bits, QkE
         }
     }
     /* A v2 snapshot entry has neither a disk size (the image's is
-     * assumed) nor room for more than 4 GiB of VM state: QEMU's words. */
+     * assumed) nor room for more than 4 GiB of VM state: QEMU's words.
+     * The size is the one the image will have (a size= given with the
+     * downgrade is applied first, as QEMU applies it), so a refusal
+     * comes before anything changes. */
     Qcow2Snapshot *sn;
     uint32_t n;
     int r = qcow2_snapshots_read(s, &sn, &n, NULL, err);
@@ -110,7 +113,7 @@ static int coroutine_fn downgrade_check(QkBlock *bs, uint32_t refcount_bits, QkE
         return r;
     }
     for (uint32_t i = 0; i < n && r == 0; i++) {
-        if (sn[i].disk_size != s->h.size || sn[i].vm_state_size > UINT32_MAX) {
+        if (sn[i].disk_size != size || sn[i].vm_state_size > UINT32_MAX) {
             r = qk_error_set(err, -ENOTSUP, "Internal snapshots prevent downgrade of image");
         }
     }
@@ -283,7 +286,7 @@ int coroutine_fn qcow2_co_amend(QkBlock *bs, const QkAmendOptions *o, QkError *e
     }
     bool downgrade = version < s->h.version;
     if (downgrade) {
-        int r = downgrade_check(bs, bits, err);
+        int r = downgrade_check(bs, bits, o->size_set ? o->size : s->h.size, err);
         if (r < 0) {
             return r;
         }

@@ -185,17 +185,48 @@ case("refused: downgrade, snapshot holding zero clusters", ["-o", "compat=0.10",
 
 # A snapshot taken at another size (or with VM state over 4 GiB): a v2
 # entry cannot say so, and qemu-img refuses with the same words.
-n = new_case()
-q, k = (os.path.join(WORK, "%s%d" % (x, n)) for x in "qk")
-for d in (q, k):
-    os.makedirs(d)
-    sh(["qemu-img", "create", "-q", "-f", "qcow2", os.path.join(d, "t.qcow2"), "16M"])
-    sh(["qemu-img", "snapshot", "-c", "s1", os.path.join(d, "t.qcow2")])
-    sh(["qemu-img", "resize", "-q", os.path.join(d, "t.qcow2"), "32M"])
+def snapshot_twins(write, grow):
+    """Twin directories with a 16M image holding snapshot s1 (WRITE
+    first, when set), grown to 32M afterwards if GROW."""
+    n = new_case()
+    q, k = (os.path.join(WORK, "%s%d" % (x, n)) for x in "qk")
+    for d in (q, k):
+        os.makedirs(d)
+        t = os.path.join(d, "t.qcow2")
+        sh(["qemu-img", "create", "-q", "-f", "qcow2", t, "16M"])
+        if write:
+            sh(["qemu-io", "-c", write, t])
+        sh(["qemu-img", "snapshot", "-c", "s1", t])
+        if grow:
+            sh(["qemu-img", "resize", "-q", t, "32M"])
+    return q, k
+
+
+q, k = snapshot_twins(None, True)
 rq, rk = run_both("error: downgrade with a snapshot of another size", QK, "amend", ["-o", "compat=0.10", "t.qcow2"],
                   q, k, norm=norm)
 if not info(k) or info(k)[2] != "1.1":
     bad("error: downgrade with a snapshot of another size", "the image was downgraded: %s" % (info(k),))
+
+# With size= in the same amend, the size the image will have is the one a
+# v2 entry assumes (qemu-img resizes first, then downgrades). Back to the
+# snapshot's size: both downgrade. Away from it: both refuse with the same
+# words; qemu-img has grown the image by then, ours is left unchanged
+# (the check comes before any change). Once accepted, then refused.
+q, k = snapshot_twins("write -P 5 0 1M", True)
+name = "downgrade with size= back to the snapshot's size"
+rq, rk = run_both(name, QK, "amend", ["-o", "compat=0.10,size=16M", "t.qcow2"], q, k, norm=norm)
+if info(q) != info(k) or not info(k) or info(k)[2] != "0.10":
+    bad(name, "info: qemu-img %s, qcowkit %s" % (info(q), info(k)))
+rc, o, e = run(["qemu-img", "compare", os.path.join(q, "t.qcow2"), os.path.join(k, "t.qcow2")])
+if rc != 0:
+    bad(name, "reads differently from qemu-img's: %s%s" % (o, e))
+q, k = snapshot_twins(None, False)
+before = open(os.path.join(k, "t.qcow2"), "rb").read()
+name = "error: downgrade with size= away from the snapshot's size"
+rq, rk = run_both(name, QK, "amend", ["-o", "compat=0.10,size=32M", "t.qcow2"], q, k, norm=norm)
+if open(os.path.join(k, "t.qcow2"), "rb").read() != before:
+    bad(name, "refused, but the image changed: %s" % (info(k),))
 
 # A leak on a cluster in use (refcount 2 for its one reference, the L2
 # entry without OFLAG_COPIED, as an interrupted snapshot deletion leaves
