@@ -169,6 +169,8 @@ def one_case(name, setup, cmd, alternatives):
         what = "%s (%s %d failing)" % (name, kind, n)
         if "1 fault(s) injected" in p.stdout and p.returncode == 0:
             bad(what, "the fault did not surface")
+        if "Sanitizer" in p.stdout:
+            bad(what, "the sanitizer spoke:\n" + p.stdout[-1500:])
         why = judge(what, "img.qcow2", alternatives)
         if why:
             bad(what, "the image left: " + why)
