@@ -113,6 +113,8 @@ QkBlock *qk_tool_open(const char *filename, const char *fmt, int flags, QkError 
 int qk_tool_close_written(QkBlock *bs, int status, bool quiet, const char *done);
 /* Prints qemu-img's "Format specific information:" block (qcow2 only). */
 void qk_tool_print_format_specific(const QkImageInfo *info);
+/* The "encrypt" object of info's format-specific data, in qemu-img's key order. */
+json_t *qk_tool_encrypt_json(const QkEncryptInfo *e);
 /* The snapshot table as qemu-img prints it (tools/snapshot_list.c):
  * "Snapshot list:" and the table (nothing when n is 0), or the JSON array. */
 void qk_tool_print_snapshots(const QkSnapshotInfo *l, int n);

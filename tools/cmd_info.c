@@ -64,6 +64,9 @@ static void print_human(const char *filename, const QkImageInfo *info, const cha
     } else {
         printf("disk size: unavailable\n");
     }
+    if (info->encrypt) {
+        printf("encrypted: yes\n");
+    }
     if (info->cluster_size) {
         printf("cluster_size: %u\n", info->cluster_size);
     }
@@ -134,6 +137,11 @@ static json_t *to_json(const char *filename, const QkImageInfo *info, const char
         json_object_set_new(d, "refcount-bits", json_integer(info->refcount_bits));
         if (info->data_file) {
             json_object_set_new(d, "data-file", json_string(info->data_file));
+        }
+        if (info->encrypt) {
+            json_object_set_new(d, "encrypt", qk_tool_encrypt_json(info->encrypt));
+        }
+        if (info->data_file) {
             json_object_set_new(d, "data-file-raw", json_boolean(info->data_file_raw));
         }
         if (v3) {
@@ -148,6 +156,11 @@ static json_t *to_json(const char *filename, const QkImageInfo *info, const char
     if (info->backing_file) {
         json_object_set_new(o, "full-backing-filename",
                             json_string(full_backing ? full_backing : info->backing_file));
+    }
+    if (info->encrypt) {
+        json_object_set_new(o, "encrypted", json_true());
+    }
+    if (info->backing_file) {
         json_object_set_new(o, "backing-filename", json_string(info->backing_file));
     }
     json_object_set_new(o, "dirty-flag", json_boolean(info->dirty));

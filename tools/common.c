@@ -159,6 +159,78 @@ int qk_tool_close_written(QkBlock *bs, int status, bool quiet, const char *done)
     return status;
 }
 
+/* An encrypted image's "encrypt:" block, in qemu-img's order. */
+static void print_encrypt(const QkEncryptInfo *e)
+{
+    if (!e) {
+        return;
+    }
+    printf("    encrypt:\n");
+    if (strcmp(e->format, "luks") != 0) {
+        printf("        format: %s\n", e->format);
+        return;
+    }
+    printf("        ivgen alg: %s\n", e->ivgen_alg);
+    printf("        hash alg: %s\n", e->hash_alg);
+    printf("        cipher alg: %s\n", e->cipher_alg);
+    printf("        uuid: %s\n", e->uuid);
+    if (e->ivgen_hash_alg[0]) {
+        printf("        ivgen hash alg: %s\n", e->ivgen_hash_alg);
+    }
+    printf("        format: luks\n");
+    printf("        cipher mode: %s\n", e->cipher_mode);
+    printf("        slots:\n");
+    for (int i = 0; i < 8; i++) {
+        const QkEncryptSlotInfo *sl = &e->slots[i];
+        printf("            [%d]:\n                active: %s\n", i, sl->active ? "true" : "false");
+        if (sl->active) {
+            printf("                iters: %" PRIu32 "\n", sl->iters);
+        }
+        printf("                key offset: %" PRIu64 "\n", sl->key_offset);
+        if (sl->active) {
+            printf("                stripes: %" PRIu32 "\n", sl->stripes);
+        }
+    }
+    printf("        payload offset: %" PRIu64 "\n", e->payload_offset);
+    printf("        master key iters: %" PRIu32 "\n", e->master_key_iters);
+}
+
+json_t *qk_tool_encrypt_json(const QkEncryptInfo *e)
+{
+    json_t *o = json_object();
+    if (strcmp(e->format, "luks") != 0) {
+        json_object_set_new(o, "format", json_string(e->format));
+        return o;
+    }
+    json_object_set_new(o, "ivgen-alg", json_string(e->ivgen_alg));
+    json_object_set_new(o, "hash-alg", json_string(e->hash_alg));
+    json_object_set_new(o, "cipher-alg", json_string(e->cipher_alg));
+    json_object_set_new(o, "uuid", json_string(e->uuid));
+    if (e->ivgen_hash_alg[0]) {
+        json_object_set_new(o, "ivgen-hash-alg", json_string(e->ivgen_hash_alg));
+    }
+    json_object_set_new(o, "format", json_string("luks"));
+    json_object_set_new(o, "cipher-mode", json_string(e->cipher_mode));
+    json_t *sl = json_array();
+    for (int i = 0; i < 8; i++) {
+        const QkEncryptSlotInfo *k = &e->slots[i];
+        json_t *so = json_object();
+        json_object_set_new(so, "active", json_boolean(k->active));
+        if (k->active) {
+            json_object_set_new(so, "iters", json_integer(k->iters));
+        }
+        json_object_set_new(so, "key-offset", json_integer((json_int_t)k->key_offset));
+        if (k->active) {
+            json_object_set_new(so, "stripes", json_integer(k->stripes));
+        }
+        json_array_append_new(sl, so);
+    }
+    json_object_set_new(o, "slots", sl);
+    json_object_set_new(o, "payload-offset", json_integer((json_int_t)e->payload_offset));
+    json_object_set_new(o, "master-key-iters", json_integer(e->master_key_iters));
+    return o;
+}
+
 void qk_tool_print_format_specific(const QkImageInfo *info)
 {
     if (info->qcow2_version == 0) {
@@ -186,8 +258,12 @@ void qk_tool_print_format_specific(const QkImageInfo *info)
         }
     }
     printf("    refcount bits: %u\n", info->refcount_bits);
+    /* qemu-img's order puts the encryption between the data file's two. */
     if (info->data_file) {
         printf("    data file: %s\n", info->data_file);
+    }
+    print_encrypt(info->encrypt);
+    if (info->data_file) {
         printf("    data file raw: %s\n", info->data_file_raw ? "true" : "false");
     }
     if (info->qcow2_version >= 3) {

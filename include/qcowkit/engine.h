@@ -258,6 +258,30 @@ typedef struct QkBitmapInfo {
     bool auto_enabled;           /* the "auto" flag: tracks writes */
 } QkBitmapInfo;
 
+/* How an encrypted image is encrypted, as its headers say (qcowkit holds
+ * no keys and reads no encrypted data: only a metadata-only open, as info
+ * makes, accepts such an image). */
+typedef struct QkEncryptSlotInfo {
+    bool active;
+    uint32_t iters;              /* active slots only */
+    uint64_t key_offset;         /* bytes from the start of the LUKS header */
+    uint32_t stripes;            /* active slots only */
+} QkEncryptSlotInfo;
+
+typedef struct QkEncryptInfo {
+    const char *format;          /* "aes" (the legacy method) or "luks" */
+    /* LUKS only; an empty string where the header names none. */
+    char cipher_alg[16];         /* "aes-256" */
+    char cipher_mode[8];         /* "xts" */
+    char ivgen_alg[16];          /* "plain64" */
+    char ivgen_hash_alg[16];     /* "sha256" with essiv, else "" */
+    char hash_alg[16];           /* "sha256" */
+    char uuid[41];
+    uint64_t payload_offset;     /* bytes */
+    uint32_t master_key_iters;
+    QkEncryptSlotInfo slots[8];
+} QkEncryptInfo;
+
 /* Everything `info` shows. Drivers fill what they know. */
 typedef struct QkImageInfo {
     const char *format;
@@ -279,6 +303,7 @@ typedef struct QkImageInfo {
     bool bitmaps_stale;          /* bitmaps stored, but their autoclear bit is clear */
     const char *data_file;       /* external data file as the image names it, or NULL */
     bool data_file_raw;
+    const QkEncryptInfo *encrypt; /* NULL unless encrypted; owned by the node */
 } QkImageInfo;
 
 /* What amend changes (qemu-img amend -o); unset fields stay as they are. */

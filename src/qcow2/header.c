@@ -195,12 +195,14 @@ static int check_table(Qcow2State *s, const char *what, uint64_t off, uint64_t b
     return 0;
 }
 
-int qcow2_validate_header(Qcow2State *s, uint64_t file_len, bool rdwr, bool l1_may_be_lost, QkError *err)
+int qcow2_validate_header(Qcow2State *s, uint64_t file_len, bool rdwr, bool l1_may_be_lost, bool metadata_only,
+                          QkError *err)
 {
     Qcow2Header *h = &s->h;
     s->cluster_bits = h->cluster_bits;
     s->cluster_size = 1ULL << h->cluster_bits;
-    if (h->crypt_method != 0) {
+    /* Only described (info); reading or writing needs the key. */
+    if (h->crypt_method != 0 && (rdwr || !metadata_only)) {
         return qk_error_set(err, -ENOTSUP, "encrypted images are not supported");
     }
     uint64_t unknown = h->incompatible_features & ~QCOW2_INCOMPAT_KNOWN;

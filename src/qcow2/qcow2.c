@@ -141,6 +141,8 @@ static void free_state(Qcow2State *s)
     qcow2_bitmaps_forget(s);
     qcow2_data_file_close(s);
     qcow2_free_extensions(s);
+    free(s->encrypt);
+    s->encrypt = NULL;
 }
 
 int coroutine_fn qcow2_flush_caches(Qcow2State *s)
@@ -225,7 +227,13 @@ static int coroutine_fn qcow2_open(QkBlock *bs, const QkOpenOptions *opts, QkErr
     r = qcow2_parse_extensions(s, c0, &bfmt, err);
     if (r == 0) {
         r = qcow2_validate_header(s, flen, !bs->read_only && !(opts->flags & QK_OPEN_CHECK),
-                                  bs->read_only && (opts->flags & (QK_OPEN_CHECK | QK_OPEN_METADATA_ONLY)), err);
+                                  bs->read_only && (opts->flags & (QK_OPEN_CHECK | QK_OPEN_METADATA_ONLY)),
+                                  bs->read_only && (opts->flags & QK_OPEN_METADATA_ONLY), err);
+    }
+    if (r == 0 && s->h.crypt_method) {
+        /* Described, never decrypted: no guest data goes through. */
+        r = qcow2_crypto_info_load(s, flen, err);
+        bs->no_guest_data = true;
     }
     if (r == 0) {
         r = qcow2_data_file_open(s, opts, err);
@@ -503,6 +511,7 @@ static void qcow2_get_info(QkBlock *bs, QkImageInfo *info)
     info->bitmaps_stale = s->bitmaps_stale;
     info->data_file = s->data_file_name;
     info->data_file_raw = s->data_raw;
+    info->encrypt = s->encrypt;
 }
 
 const QkBlockDriver qk_drv_qcow2 = {

@@ -48,6 +48,10 @@
 #define QCOW2_EXT_FEATURE_TABLE 0x6803f857U
 #define QCOW2_EXT_BITMAPS 0x23852875U
 #define QCOW2_EXT_CRYPTO 0x0537be77U
+
+/* Header crypt_method values. */
+#define QCOW2_CRYPT_AES 1U
+#define QCOW2_CRYPT_LUKS 2U
 #define QCOW2_EXT_DATA_FILE 0x44415441U
 
 #define QCOW2_OFLAG_COPIED (1ULL << 63)
@@ -187,6 +191,9 @@ struct Qcow2State {
     QkBlock *data;
     char *data_file_name;       /* as the header extension names it */
     bool data_raw;              /* the data file is kept a valid raw image */
+    /* How the image is encrypted (crypto_info.c), for info: set only by a
+     * metadata-only open, which keeps guest data out (no_guest_data). */
+    QkEncryptInfo *encrypt;
     /* Zero writes under way with QK_REQ_BACKING_PENDING: while any is,
      * every zero write acts as if a backing file were below (the safe
      * side for the others: zeros recorded that need not be). */
@@ -367,6 +374,9 @@ static inline bool qcow2_l2e_mapped(const Qcow2State *s, uint64_t e)
  * own flags; flushes it (before the metadata that points into it);
  * closes it. */
 int coroutine_fn qcow2_data_file_open(Qcow2State *s, const QkOpenOptions *opts, QkError *err);
+
+/* crypto_info.c */
+int coroutine_fn qcow2_crypto_info_load(Qcow2State *s, uint64_t file_len, QkError *err);
 /* Whether paths A and B name one file, existing or still to be made: a
  * data file must never be the image itself. */
 bool qcow2_same_file(const char *a, const char *b);
@@ -383,7 +393,8 @@ bool qcow2_bitmap_entry_ok(uint64_t te, uint64_t cs);
 
 /* header.c */
 int qcow2_read_header(QkBlock *file, Qcow2Header *h, uint8_t **cluster0, uint64_t *file_len, QkError *err);
-int qcow2_validate_header(Qcow2State *s, uint64_t file_len, bool rdwr, bool l1_may_be_lost, QkError *err);
+int qcow2_validate_header(Qcow2State *s, uint64_t file_len, bool rdwr, bool l1_may_be_lost, bool metadata_only,
+                          QkError *err);
 int qcow2_parse_extensions(Qcow2State *s, const uint8_t *cluster0, char **backing_fmt, QkError *err);
 void qcow2_free_extensions(Qcow2State *s);
 /* Reads the directory the bitmaps extension names (n = 0 when there is
