@@ -9,7 +9,8 @@
 #    writes elsewhere, go through;
 #  - an NBD client of `qcowkit serve` exporting the file without a format
 #    cannot write a header either, and the server goes on serving;
-#  - read-only opens print no warning.
+#  - read-only opens print no warning;
+#  - write -s repeats a source file shorter than the write, as qemu-io.
 # The run uses the ASan build when there is one. Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/snapshot-lib.bash"
 . "$SRC_DIR/tests/interop/nbd-lib.bash"
@@ -39,6 +40,11 @@ both -c 'write -s magic.bin 0 4' -c 'write -s version.bin 4 4'
 both -c 'write -s version.bin 4 4' -c 'write -s magic.bin 0 4'
 both -c 'write -P 7 0 512' -c 'write -z 0 512' -c 'discard 0 4k' -c 'write -s hdr.bin 4096 512'
 both -r -c 'read 0 512'
+# A source file shorter than the write is repeated to fill it; an empty one is refused.
+printf 'abc' >short.bin
+: >empty.bin
+both -c 'write -s short.bin 4096 1000'
+both -c 'write -s empty.bin 4096 10'
 
 fresh
 "$QK" io -c 'write -s hdr.bin 0 512' r.raw >o.txt 2>&1 && bad "a header was written into a guessed raw image"

@@ -101,19 +101,28 @@ static int parse_rw(IoReq *r, int argc, char **argv)
         /* Unread bytes show up as 0xab; unpatterned writes carry 0xcd. */
         memset(r->buf, r->write ? (r->pattern >= 0 ? r->pattern : 0xcd) : 0xab, (size_t)r->count);
         if (src_file) {
-            /* -s: the data comes from a file (a short file leaves the
-             * rest of the buffer as an unpatterned write's). */
+            /* -s: the data comes from a file, repeated to fill the
+             * request when it is shorter, as qemu-io repeats it. */
             FILE *f = fopen(src_file, "rb");
             if (!f) {
                 fprintf(stderr, "%s: %s\n", src_file, strerror(errno));
                 return -errno;
             }
-            if (fread(r->buf, 1, (size_t)r->count, f) < (size_t)r->count && ferror(f)) {
+            size_t got = fread(r->buf, 1, (size_t)r->count, f);
+            if (got < (size_t)r->count && ferror(f)) {
                 fprintf(stderr, "%s: %s\n", src_file, strerror(EIO));
                 fclose(f);
                 return -EIO;
             }
             fclose(f);
+            if (got == 0 && r->count) {
+                fprintf(stderr, "%s: file is empty\n", src_file);
+                return -EINVAL;
+            }
+            for (size_t done = got; done < (size_t)r->count; done += got) {
+                size_t n = QK_MIN(got, (size_t)r->count - done);
+                memcpy(r->buf + done, r->buf, n);
+            }
         }
     }
     return 0;
