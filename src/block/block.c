@@ -274,6 +274,9 @@ static int coroutine_fn lock_image(QkBlock *file, const QkBlockDriver *drv, int 
 
 bool qk_block_probes_not_raw(const uint8_t *buf)
 {
+    if (qk_block_foreign_format(buf, QK_PROBE_SIZE)) {
+        return true;
+    }
     for (size_t i = 0; i < QK_ARRAY_SIZE(drivers); i++) {
         if (drivers[i] != &qk_drv_raw && drivers[i]->probe && drivers[i]->probe(buf, QK_PROBE_SIZE) > 1) {
             return true;
@@ -282,8 +285,12 @@ bool qk_block_probes_not_raw(const uint8_t *buf)
     return false;
 }
 
-static const QkBlockDriver *probe(QkBlock *file)
+/* The driver the file's first bytes suit best (raw when none claims
+ * them), or NULL with *foreign set when they announce a format qcowkit
+ * does not read. */
+static const QkBlockDriver *probe(QkBlock *file, const char **foreign)
 {
+    *foreign = NULL;
     uint8_t buf[QK_PROBE_SIZE];
     uint8_t *b = qk_aligned_zalloc(4096, 4096);
     if (!b) {
@@ -305,6 +312,9 @@ static const QkBlockDriver *probe(QkBlock *file)
                 best = drivers[i];
             }
         }
+    }
+    if (best == &qk_drv_raw && (*foreign = qk_block_foreign_format(buf, sizeof(buf)))) {
+        return NULL;
     }
     return best;
 }
@@ -376,7 +386,14 @@ static QkBlock *coroutine_fn open_depth(const char *filename, const QkOpenOption
     if (!drv) {
         /* An export's or RBD image's bytes are a guest's disk: never let
          * them pick a format. */
-        drv = remote ? &qk_drv_raw : probe(file);
+        const char *foreign = NULL;
+        drv = remote ? &qk_drv_raw : probe(file, &foreign);
+        if (!drv) {
+            qk_error_set(err, -ENOTSUP, "%s images are not supported ('qemu-img convert -O qcow2' makes a "
+                         "qcow2 copy; -f raw reads the file's bytes)", foreign);
+            qk_co_block_close(file);
+            return NULL;
+        }
     }
     /* Before the format reads anything it could act on, or marks the
      * image in use. */

@@ -27,6 +27,9 @@ typedef struct QkBlockDriver QkBlockDriver;
 /* Would a file starting with these QK_PROBE_SIZE bytes be taken for
  * another format than raw? */
 bool qk_block_probes_not_raw(const uint8_t *buf);
+/* The name of a format qcowkit does not read that these first bytes
+ * announce ("VMDK"), or NULL (foreign.c). */
+const char *qk_block_foreign_format(const uint8_t *buf, size_t len);
 
 struct QkBlockDriver {
     const char *format_name;
