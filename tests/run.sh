@@ -66,7 +66,7 @@ cpu_since() { # ms from children_cpu_ms -> $REPLY: seconds used since, one decim
 # the tail of a failing test's log before its line; record() reads them
 # afterwards, so two lanes (plain and sanitizer builds) can run side by
 # side.
-no_io_tests="test_hbitmap test_iov test_ratelimit test_size"
+no_io_tests="test_hbitmap test_iov test_ratelimit test_size test_foreign_probe"
 unit_lane() { # builddir label out backend...
   local bin backend out="$3"
   : >"$out"
