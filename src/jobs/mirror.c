@@ -607,7 +607,13 @@ static int coroutine_fn mirror_run(QkJob *job, QkError *err)
     pass_begin(m);
     update_progress(m);
     if (r == 0 && !should_stop(m) && m->o.mode == QK_MIRROR_WRITE_BLOCKING) {
+        /* No write may be in flight across the install: one that began
+         * before it has no record in the hook, so a later overlapping
+         * write would be copied as if alone, and the older one, landing
+         * after it on the source, would be copied over it afterwards. */
+        qk_co_block_quiesce_begin(m->src);
         install_hook(m);
+        qk_block_quiesce_end(m->src);
     }
     uint64_t cursor = 0;
     bool completed = false;
