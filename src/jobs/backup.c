@@ -373,6 +373,7 @@ static int coroutine_fn backup_run(QkJob *job, QkError *err)
     } else if (cancelled) {
         r = qk_error_set(err, -ECANCELED, "Backup job cancelled");
     } else {
+        b->job.committed = true; /* the bitmap is about to be consumed */
         r = qk_co_flush(b->target);
         if (r < 0) {
             qk_error_set_errno(err, r, "Could not flush target '%s'", b->target->filename);

@@ -128,9 +128,11 @@ static void coroutine_fn job_entry(void *opaque)
     job->end_ns = qk_clock_ns();
     job->end_cpu_ns = process_cpu_ns();
     QkJobState final;
-    if (r == 0 && !job->cancel_requested) {
+    /* A driver returns 0 only when it carried the job out (a cancel it
+     * honoured is -ECANCELED), whatever cancel came in meanwhile. */
+    if (r == 0) {
         final = QK_JOB_COMPLETED;
-    } else if (r == -ECANCELED || (r == 0 && job->cancel_requested)) {
+    } else if (r == -ECANCELED) {
         final = QK_JOB_CANCELLED;
     } else {
         final = QK_JOB_FAILED;
@@ -176,6 +178,9 @@ int qk_job_cancel(QkJob *job, QkError *err)
 {
     if (qk_job_is_finished(job)) {
         return qk_error_set(err, -EINVAL, "Job '%s' has already finished", job->id);
+    }
+    if (job->committed) {
+        return qk_error_set(err, -EBUSY, "Job '%s' is completing and can no longer be cancelled", job->id);
     }
     job->cancel_requested = true;
     job->paused = false;

@@ -49,6 +49,9 @@ struct QkJob {
     QkRateLimit limit;
     bool paused;
     bool cancel_requested;
+    /* Set by the driver once it carries its result out: a cancel is then
+     * refused, and a run that returns 0 completed whatever came after. */
+    bool committed;
     bool complete_requested;
     int64_t start_ns, ready_ns, end_ns;
     int64_t start_cpu_ns, end_cpu_ns; /* process CPU time at start and end */

@@ -632,6 +632,7 @@ static int coroutine_fn mirror_run(QkJob *job, QkError *err)
             qk_job_set_ready(job);
         }
         if (job->state == QK_JOB_READY && job->complete_requested) {
+            job->committed = true; /* a cancel can no longer undo the switch */
             qk_task_pool_wait_all(m->pool);
             qk_co_block_quiesce_begin(m->src);
             r = final_copy(m);
