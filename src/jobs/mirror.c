@@ -756,9 +756,11 @@ QkJob *qk_mirror_start(const char *id, QkBlock *source, QkBlock *target,
         qk_error_set_errno(err, slen < 0 ? (int)slen : (int)tlen, "Cannot get the image size");
         return NULL;
     }
-    if (tlen < slen) {
-        qk_error_set(err, -EINVAL, "Target is smaller than the source (%lld < %lld bytes)",
-                     (long long)tlen, (long long)slen);
+    if (tlen != slen) {
+        /* As QEMU: a larger target would keep a tail the source does not
+         * have, and show it once users move to it. */
+        qk_error_set(err, -EINVAL, "Source and target image have different sizes (%lld and %lld bytes)",
+                     (long long)slen, (long long)tlen);
         return NULL;
     }
     if (target->read_only) {
