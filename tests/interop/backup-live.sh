@@ -97,7 +97,7 @@ print(sum(e["length"] for e in json.load(sys.stdin) if e["depth"] == 0 and e["da
   [ "$top" -le "$count" ] || fail "$build: the increment holds $top bytes, the bitmap named $count"
   [ "$top" -gt 0 ] || fail "$build: the increment holds nothing"
   # The bitmap was stored with the image, consistent.
-  qemu-img info --output=json src.qcow2 | tr -d ' \n' | grep -q '"flags":\["auto"\],"name":"b"' \
+  qemu-img info -U --output=json src.qcow2 | tr -d ' \n' | grep -q '"flags":\["auto"\],"name":"b"' \
     || { qemu-img info src.qcow2; fail "$build: bitmap b not stored consistent"; }
   echo "ok: $build: full (cbw-copies $cbw) and incremental ($top of $count bitmap bytes) under a writer"
 }
@@ -131,6 +131,14 @@ bitmap_case() {
   ln -sf src.qcow2 alias.qcow2
   ctl mirror-start export=disk target="$PWD/alias.qcow2" > e.txt 2>&1 && fail "mirror onto the source"
   grep -q "is the export's image" e.txt || { cat e.txt; fail "message: mirror onto the source"; }
+  # An existing target of another size (larger: its tail would show).
+  qemu-img create -q -f qcow2 big.qcow2 $(( $(qemu-img info -U --output=json src.qcow2 |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["virtual-size"])') + 1048576 ))
+  for j in backup mirror; do
+    ctl $j-start export=disk target="$PWD/big.qcow2" $([ $j = backup ] && echo sync=full) > e.txt 2>&1 &&
+      fail "$j onto a larger target"
+    grep -q "Source and target image have different sizes" e.txt || { cat e.txt; fail "message: $j onto a larger target"; }
+  done
   ctl backup-start export=disk target="$PWD/t1.qcow2" sync=sideways > e.txt 2>&1 && fail "unknown sync"
   grep -q "Parameter 'sync' expects" e.txt || { cat e.txt; fail "message: sync"; }
 
