@@ -444,9 +444,11 @@ static int coroutine_fn hook_after(QkWriteHook *h, QkBlock *bs, QkWriteKind kind
     free(w);
     if (m->switched) {
         /* A write that was held at the switch and then went on to the old
-         * source: the target is where it belongs now. */
-        int r = kind == QK_WRITE_DATA ? qk_co_pwritev(m->target, off, bytes, qiov, qiov_off, 0)
-              : kind == QK_WRITE_ZEROES ? qk_co_pwrite_zeroes(m->target, off, bytes, flags & QK_REQ_MAY_UNMAP)
+         * source: the target is where it belongs now, and where a FUA
+         * write's client expects it to be stable when acknowledged. */
+        int fua = flags & QK_REQ_FUA;
+        int r = kind == QK_WRITE_DATA ? qk_co_pwritev(m->target, off, bytes, qiov, qiov_off, fua)
+              : kind == QK_WRITE_ZEROES ? qk_co_pwrite_zeroes(m->target, off, bytes, (flags & QK_REQ_MAY_UNMAP) | fua)
               : qk_co_pdiscard(m->target, off, bytes);
         m->st.active_writes++;
         return r;
