@@ -275,6 +275,32 @@ static int coroutine_fn reads_as_zero(Qcow2State *s, uint64_t off, uint64_t len)
     return 1;
 }
 
+/* Whether a zero write needs no zeros written (NBD's FAST_ZERO, which
+ * must fail rather than be slow): 1 when each partial unit at its edges
+ * reads as zeros already (it then only gets its zero bit, as QEMU does
+ * it), 0 when one would be written, or a raw data file zeroed in full.
+ * Asked before anything changes, so a refusal leaves the image as it was
+ * and the caller may write the zeros itself. */
+static int coroutine_fn fast_zero_ok(Qcow2State *s, uint64_t off, uint64_t bytes)
+{
+    if (s->data_raw) {
+        return 0;
+    }
+    const uint64_t unit = s->sc_size, end = off + bytes;
+    const uint64_t edges[2] = {off, end == s->bs->size ? qk_align_up(end, unit) : end};
+    for (int i = 0; i < 2; i++) {
+        uint64_t us = qk_align_down(edges[i], unit);
+        if (us == edges[i]) {
+            continue;
+        }
+        int r = reads_as_zero(s, us, QK_MIN(unit, s->bs->size - us));
+        if (r <= 0) {
+            return r;
+        }
+    }
+    return 1;
+}
+
 /* Gives the unit at us zero bits (a zero flag with standard L2) when all
  * of it reads as zeros already, as QEMU does; checked and changed under
  * one exclusive claim so that no write slips in between. 1 if done. */
@@ -343,6 +369,12 @@ static int coroutine_fn pwrite_zeroes(Qcow2State *s, uint64_t off, uint64_t byte
     QkBlock *bs = s->bs;
     if (!qcow2_is_v3(s) && has_backing_file(s)) {
         return -ENOTSUP; /* unmapping would show the backing file */
+    }
+    if (flags & QK_REQ_NO_FALLBACK) {
+        int r = fast_zero_ok(s, off, bytes);
+        if (r <= 0) {
+            return r < 0 ? r : -ENOTSUP;
+        }
     }
     if (s->data_raw) {
         /* A raw data file must read as the disk: it gets the zeros too. */
