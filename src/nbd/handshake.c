@@ -90,6 +90,12 @@ static int coroutine_fn opt_info(QkNbdClient *c, uint32_t opt, const uint8_t *da
     uint64_t size = (uint64_t)qk_block_length(exp->bs);
     uint16_t flags = qk_nbd_export_flags(exp, c->structured);
     char *desc = exp->description ? strdup(exp->description) : NULL;
+    /* The export's own name, as qemu-nbd answers: "" asks for the default. */
+    char *canon = strdup(exp->name);
+    if (!canon) {
+        free(desc);
+        return -ENOMEM;
+    }
     if (opt == NBD_OPT_GO) {
         attach(c, exp);
         keep_contexts_of(c, rq.name, rq.name_len);
@@ -105,8 +111,9 @@ static int coroutine_fn opt_info(QkNbdClient *c, uint32_t opt, const uint8_t *da
     qk_be16_put(ex + 8, flags);
     int r = send_info(c, opt, NBD_INFO_EXPORT, ex, sizeof(ex));
     if (r == 0 && want_name) {
-        r = send_info(c, opt, NBD_INFO_NAME, rq.name, rq.name_len);
+        r = send_info(c, opt, NBD_INFO_NAME, canon, (uint32_t)strlen(canon));
     }
+    free(canon);
     if (r == 0 && want_desc && desc) {
         r = send_info(c, opt, NBD_INFO_DESCRIPTION, desc, (uint32_t)strlen(desc));
     }
@@ -267,8 +274,22 @@ static int coroutine_fn reply_context(QkNbdClient *c, uint32_t opt, uint32_t id,
     return r;
 }
 
+/* proto.md: a SET replaces the contexts set before, also when it fails. */
+static void drop_contexts(QkNbdClient *c)
+{
+    c->base_alloc = c->alloc_depth = false;
+    free_names(c->bitmaps, c->nbitmaps);
+    c->bitmaps = NULL;
+    c->nbitmaps = 0;
+    free(c->meta_export);
+    c->meta_export = NULL;
+}
+
 static int coroutine_fn opt_meta(QkNbdClient *c, uint32_t opt, const uint8_t *data, uint32_t len)
 {
+    if (opt == NBD_OPT_SET_META_CONTEXT) {
+        drop_contexts(c);
+    }
     if (opt == NBD_OPT_SET_META_CONTEXT && !c->structured) {
         return opt_error(c, opt, NBD_REP_ERR_INVALID, "structured replies not negotiated");
     }

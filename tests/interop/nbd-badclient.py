@@ -20,7 +20,8 @@ DF_FLAG = 1 << 7
 REP_ACK, REP_INFO, REP_META = 1, 3, 4
 ERR_UNSUP, ERR_INVALID, ERR_UNKNOWN, ERR_TOO_BIG = 2**31 + 1, 2**31 + 3, 2**31 + 6, 2**31 + 9
 CMD_READ, CMD_WRITE, CMD_DISC, CMD_FLUSH, CMD_TRIM, CMD_CACHE, CMD_ZERO, CMD_BS = range(8)
-EPERM, EINVAL, ENOSPC = 1, 22, 28
+EPERM, EINVAL, ENOSPC, ENOTSUP = 1, 22, 28, 95
+FAST_ZERO = 1 << 4
 MiB = 1 << 20
 failures = 0
 
@@ -279,6 +280,44 @@ def main():
     r = c.meta(b"rw", b"base:", OPT_LIST_META)
     check([t for t, _ in r] == [REP_META, REP_ACK] and r[0][1][4:] == b"base:allocation",
           "LIST_META_CONTEXT 'base:' lists base:allocation")
+
+    # A SET_META_CONTEXT that fails still drops what an earlier one set.
+    c = Conn(path)
+    c.greet()
+    c.structured_replies()
+    assert c.meta(b"rw", b"base:allocation")[-1][0] == REP_ACK
+    c.opt(OPT_SET_META, struct.pack(">I", 2) + b"rw" + struct.pack(">I", 1))  # a query count, no query
+    check(c.reply()[1] == ERR_INVALID, "malformed SET_META_CONTEXT -> ERR_INVALID")
+    n = b"rw"
+    c.opt(OPT_GO, struct.pack(">I", len(n)) + n + struct.pack(">H", 0))
+    assert c.replies_until_final()[-1][0] == REP_ACK
+    c.request(CMD_BS, 0, 4096)
+    check(c.answer()[1] == EINVAL, "a failed SET_META_CONTEXT drops the contexts set before it")
+
+    # NBD_INFO_NAME names the export itself, also when asked for the default.
+    c = Conn(path)
+    c.greet()
+    names = []
+    for n in (b"", b"rw"):
+        c.opt(OPT_INFO, struct.pack(">I", len(n)) + n + struct.pack(">HH", 1, 1))
+        names.append([d[2:] for t, d in c.replies_until_final() if t == REP_INFO and d[:2] == b"\0\1"])
+    check(names[1] == [b"rw"] and len(names[0]) == 1 and names[0][0] in (b"rw", b"ro"),
+          "NBD_INFO_NAME is the export's name (%r)" % names)
+
+    # FAST_ZERO that would have to write zeros fails with ENOTSUP at once
+    # and changes nothing; one the metadata can do succeeds.
+    c = Conn(path)
+    c.greet()
+    c.go("rw")
+    c.request(CMD_WRITE, 2 * MiB, 4096, payload=b"\x5a" * 4096)
+    check(c.answer()[1] == 0, "write before the fast zeroes")
+    c.request(CMD_ZERO, 2 * MiB + 100, 100, flags=FAST_ZERO)
+    check(c.answer()[1] == ENOTSUP, "FAST_ZERO inside written data -> ENOTSUP")
+    c.request(CMD_READ, 2 * MiB, 4096)
+    _, err, data = c.answer()
+    check(err == 0 and data == b"\x5a" * 4096, "a refused FAST_ZERO changes nothing")
+    c.request(CMD_ZERO, 3 * MiB, 64 * 1024, flags=FAST_ZERO)
+    check(c.answer()[1] == 0, "FAST_ZERO of whole clusters succeeds")
 
     # A client that pipelines 64 reads of 32 MiB and reads no reply: the
     # server buffers at most about two of them (byte budget per client).
