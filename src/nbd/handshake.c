@@ -63,6 +63,16 @@ static void free_names(char **names, unsigned n)
     free(names);
 }
 
+static void drop_contexts(QkNbdClient *c)
+{
+    c->base_alloc = c->alloc_depth = false;
+    free_names(c->bitmaps, c->nbitmaps);
+    c->bitmaps = NULL;
+    c->nbitmaps = 0;
+    free(c->meta_export);
+    c->meta_export = NULL;
+}
+
 /* proto.md: contexts set for another export than the one the client
  * settles on are dropped (GO and EXPORT_NAME alike). */
 static void keep_contexts_of(QkNbdClient *c, const char *name, uint32_t len)
@@ -70,10 +80,7 @@ static void keep_contexts_of(QkNbdClient *c, const char *name, uint32_t len)
     if (c->meta_export && strlen(c->meta_export) == len && memcmp(c->meta_export, name, len) == 0) {
         return;
     }
-    c->base_alloc = c->alloc_depth = false;
-    free_names(c->bitmaps, c->nbitmaps);
-    c->bitmaps = NULL;
-    c->nbitmaps = 0;
+    drop_contexts(c);
 }
 
 static int coroutine_fn opt_info(QkNbdClient *c, uint32_t opt, const uint8_t *data, uint32_t len)
@@ -274,19 +281,9 @@ static int coroutine_fn reply_context(QkNbdClient *c, uint32_t opt, uint32_t id,
     return r;
 }
 
-/* proto.md: a SET replaces the contexts set before, also when it fails. */
-static void drop_contexts(QkNbdClient *c)
-{
-    c->base_alloc = c->alloc_depth = false;
-    free_names(c->bitmaps, c->nbitmaps);
-    c->bitmaps = NULL;
-    c->nbitmaps = 0;
-    free(c->meta_export);
-    c->meta_export = NULL;
-}
-
 static int coroutine_fn opt_meta(QkNbdClient *c, uint32_t opt, const uint8_t *data, uint32_t len)
 {
+    /* proto.md: a SET replaces the contexts set before, also when it fails. */
     if (opt == NBD_OPT_SET_META_CONTEXT) {
         drop_contexts(c);
     }
