@@ -21,7 +21,7 @@
 #include <string.h>
 
 static const char *const usage_text =
-    "Usage: qcowkit rebase [-q] [-f FMT] [-t CACHE] [-T SRC_CACHE] [-p] [-u] [-c] -b BACKING [-F BACKING_FMT] FILE\n"
+    "Usage: qcowkit rebase [-q] [-f FMT] [-t CACHE] [-T SRC_CACHE] [-p] [-u] [-c] [-U] -b BACKING [-F BACKING_FMT] FILE\n"
     "\n"
     "Changes the backing file of FILE to BACKING (\"\" for none). Unless -u,\n"
     "every range whose content would change is first copied into FILE, so the\n"
@@ -36,6 +36,7 @@ static const char *const usage_text =
     "  -u            unsafe: only change the name in the header (the old and the\n"
     "                new backing file need not exist)\n"
     "  -c            write the clusters copied into FILE compressed (qcow2)\n"
+    "  -U            open the new backing file even if another process writes it\n"
     "  -p            show progress on stderr\n"
     "  -q            quiet\n";
 
@@ -82,11 +83,13 @@ static int run_rebase(int argc, char **argv)
     RebaseCmd c = {0};
     static const struct option longopts[] = {
         {"help", no_argument, NULL, 'h'},
+        {"force-share", no_argument, NULL, 'U'},
         {NULL, 0, NULL, 0},
     };
+    bool force_share = false;
     optind = 1;
     int opt;
-    while ((opt = getopt_long(argc, argv, ":f:t:T:b:F:upcqh", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, ":f:t:T:b:F:upcUqh", longopts, NULL)) != -1) {
         switch (opt) {
         case 'f':
             fmt = optarg;
@@ -111,6 +114,9 @@ static int run_rebase(int argc, char **argv)
             break;
         case 'c':
             c.compress = true;
+            break;
+        case 'U':
+            force_share = true;
             break;
         case 'q':
             quiet = true;
@@ -152,6 +158,12 @@ static int run_rebase(int argc, char **argv)
     }
     if (c.unsafe) {
         flags |= QK_OPEN_NO_BACKING;
+    }
+    /* As in qemu-img, -U reaches only the new backing file, the one file
+     * opened for this command alone; FILE is written and its own chain
+     * keeps the usual locks. */
+    if (force_share) {
+        src_flags |= QK_OPEN_FORCE_SHARE;
     }
     if (!c.backing) {
         c.backing = "";

@@ -152,6 +152,30 @@ hold "$QK" io -f raw r.raw
 qemu-io -f raw -c 'write -P 4 8k 4k' r.raw >/dev/null 2>&1 || bad "raw held by us: qemu-io's write refused"
 unhold
 
+# rebase -U: a new backing file another process writes is refused without
+# -U and taken with it, by both tools, with the same message; the result
+# is the same image either way.
+qemu-img create -q -f qcow2 rb-old.qcow2 1M
+qemu-io -c 'write -P 5 0 64k' rb-old.qcow2 >/dev/null
+qemu-img create -q -f qcow2 rb-new.qcow2 1M
+for p in qemu-img "$QK"; do
+  rm -f "rb-top-$(basename "$p").qcow2"
+  qemu-img create -q -f qcow2 -b rb-old.qcow2 -F qcow2 "rb-top-$(basename "$p").qcow2"
+done
+hold qemu-io rb-new.qcow2
+for p in qemu-img "$QK"; do
+  t="rb-top-$(basename "$p").qcow2"
+  "$p" rebase -b rb-new.qcow2 -F qcow2 "$t" > out.txt 2>&1 && bad "$p: rebase onto a backing file being written succeeded"
+  grep -q 'Failed to get shared "write" lock' out.txt || { bad "$p: rebase onto a backing file being written: message"; cat out.txt; }
+  "$p" rebase -U -b rb-new.qcow2 -F qcow2 "$t" > out.txt 2>&1 || { bad "$p: rebase -U refused"; cat out.txt; }
+done
+unhold
+qemu-img compare -q rb-top-qemu-img.qcow2 rb-top-qcowkit.qcow2 || bad "rebase -U: the images differ"
+qemu-io -c 'read -P 5 0 64k' rb-top-qcowkit.qcow2 | grep -q '^read' || bad "rebase -U: data lost"
+qemu-img check -q rb-top-qcowkit.qcow2 || bad "rebase -U: check"
+[ "$(qemu-img info --output=json rb-top-qcowkit.qcow2 | grep -c '"backing-filename": "rb-new.qcow2"')" = 1 ] ||
+  bad "rebase -U: backing file not changed"
+
 # Nothing was harmed.
 qemu-img check -q orig.qcow2 || bad "check"
 exit $fail
