@@ -38,6 +38,11 @@ typedef struct MapRun {
 static int coroutine_fn get_extent(QkBlock *top, uint64_t off, uint64_t bytes, Extent *e)
 {
     int depth = 0;
+    /* The layer above's place for the range, when it has one (unallocated
+     * subclusters of an allocated cluster). */
+    bool above_has_offset = false;
+    uint64_t above_map = 0;
+    QkBlock *above_file = NULL;
     for (QkBlock *b = top; b; b = qk_block_backing(b), depth++) {
         uint64_t n, map = 0;
         QkBlock *file = NULL;
@@ -47,10 +52,16 @@ static int coroutine_fn get_extent(QkBlock *top, uint64_t off, uint64_t bytes, E
         }
         if (r & QK_BS_EOF || n == 0) {
             /* Past the end of a shorter backing file: reads as zeros,
-             * told (as qemu-img tells it) at the depth of the layer above. */
-            *e = (Extent){.start = off, .length = bytes, .depth = depth ? depth - 1 : 0, .zero = true};
+             * told (as qemu-img tells it) at the depth of the layer above,
+             * with that layer's host place if it gave one. */
+            *e = (Extent){.start = off, .length = bytes, .depth = depth ? depth - 1 : 0, .zero = true,
+                          .has_offset = above_has_offset, .offset = above_map,
+                          .file = above_file ? qk_block_filename(above_file) : NULL};
             return 0;
         }
+        above_has_offset = (r & QK_BS_OFFSET_VALID) && file;
+        above_map = map;
+        above_file = file;
         if (r & QK_BS_ALLOCATED || !qk_block_backing(b)) {
             bool present = r & QK_BS_ALLOCATED;
             *e = (Extent){
@@ -151,8 +162,15 @@ static void coroutine_fn map_entry(void *opaque)
         }
         first = false;
     }
+    if (!have) {
+        /* Nothing to map (an empty image or range): qemu-img still lists
+         * one empty extent where the range starts. */
+        Extent none = {.start = m->start};
+        print_extent(&none, m->json, first);
+        first = false;
+    }
     if (m->json) {
-        printf(first ? "[]\n" : "]\n");
+        printf("]\n");
     }
 }
 

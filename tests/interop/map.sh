@@ -6,6 +6,8 @@
 #  - compressed clusters: JSON lists them; the human table stops there
 #    with qemu-img's error and exit status 1;
 #  - data, zero writes, discards, extended L2 subclusters, a 3-layer chain;
+#  - extended L2 subclusters past the end of a shorter backing file, an
+#    empty image and empty ranges (one empty extent in JSON);
 #  - check's allocated/fragmented/compressed counts with compressed
 #    clusters between plain ones;
 #  - a raw file of 1000 bytes: a 1024-byte disk whose tail reads as zeros
@@ -42,10 +44,26 @@ qemu-io -c 'write -P 1 0 64k' -c 'write -c -P 2 64k 64k' -c 'write -P 3 128k 64k
 qemu-img create -q -f qcow2 -o extended_l2=on e.qcow2 2M
 qemu-io -c 'write -P 5 2k 2k' -c 'write -P 6 70000 3000' -c 'write -z 1M 4k' -c 'discard 128k 8k' e.qcow2 >/dev/null
 
-for img in t2.qcow2 t3.qcow2 t4.qcow2 c.qcow2 e.qcow2; do
+# Extended L2 over a shorter backing file: past its end, the unallocated
+# subclusters of an allocated cluster keep their host offset, as in
+# qemu-img (in a 3-layer chain too, the middle layer longer than the base).
+qemu-img create -q -f qcow2 -o extended_l2=on -b b2.qcow2 -F qcow2 e2.qcow2 2M
+qemu-io -c 'write -P 7 0 4k' -c 'write -P 7 1M 4k' -c 'write -P 7 1600k 2k' e2.qcow2 >/dev/null
+qemu-img create -q -f qcow2 -o extended_l2=on -b e2.qcow2 -F qcow2 e3.qcow2 3M
+qemu-io -c 'write -P 8 2M 2k' e3.qcow2 >/dev/null
+# An empty image, or a range that is empty or past the end: one empty extent.
+qemu-img create -q -f qcow2 z.qcow2 0
+
+for img in t2.qcow2 t3.qcow2 t4.qcow2 c.qcow2 e.qcow2 e2.qcow2 e3.qcow2 z.qcow2; do
   same "$img" map "$img"
   same "$img" map --output=json "$img"
   same "$img" map --output=json -s 768k -l 1M "$img"
+done
+for range in "-s 5M" "-s 1M" "-l 0" "-s 64k -l 0"; do
+  # shellcheck disable=SC2086
+  same "empty range" map --output=json $range e3.qcow2
+  # shellcheck disable=SC2086
+  same "empty range" map $range e3.qcow2
 done
 same "check counts" check --output=json c.qcow2
 same "check counts" check c.qcow2
