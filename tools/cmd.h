@@ -53,6 +53,10 @@ void qk_tool_size_error(const char *what);
  * multiplier suffix (taken, but deprecated). */
 int qk_tool_size(const char *arg, uint64_t *out);
 int qk_tool_parse_size(const char *arg, const char *what, uint64_t *out);
+/* A number argument in [min, max], as qemu-img's cvtnum takes one: not a
+ * size gives the two-line suffix message, too big or out of the range
+ * "Invalid WHAT specified. Must be between MIN and MAX."; -1 after it. */
+int qk_tool_cvtnum(const char *what, const char *arg, uint64_t min, uint64_t max, uint64_t *out);
 /* Reports an unknown option / missing argument in getopt style and returns 1. */
 int qk_tool_bad_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* A usage error in qemu-img's words (fmt has one %s, for arg), then

@@ -254,21 +254,18 @@ static int parse_args(int argc, char **argv, BenchArgs *a, const char **filename
         case 'n': a->native = true; break;
         case 'i': a->aio = optarg; break;
         case 'o':
-            if (qk_tool_size(optarg, &a->offset) < 0) {
-                qk_tool_size_error("offset");
+            if (qk_tool_cvtnum("offset", optarg, 0, INT64_MAX, &a->offset) < 0) {
                 return -1;
             }
             break;
         case 'q': a->quiet = true; break;
         case 's':
-            if (qk_tool_size(optarg, &a->size) < 0 || a->size > INT32_MAX) {
-                qk_tool_size_error("buffer size");
+            if (qk_tool_cvtnum("buffer size", optarg, 0, INT32_MAX, &a->size) < 0) {
                 return -1;
             }
             break;
         case 'S':
-            if (qk_tool_size(optarg, &a->step) < 0 || a->step > INT32_MAX) {
-                qk_tool_size_error("step_size");
+            if (qk_tool_cvtnum("step_size", optarg, 0, INT32_MAX, &a->step) < 0) {
                 return -1;
             }
             a->step_set = true;

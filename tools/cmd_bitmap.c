@@ -150,8 +150,7 @@ static int run(int argc, char **argv)
         case 'f': fmt = optarg; break;
         case 'F': src_fmt = optarg; break;
         case 'g':
-            if (qk_tool_size(optarg, &granularity) < 0) {
-                qk_tool_size_error("granularity");
+            if (qk_tool_cvtnum("granularity", optarg, 0, INT64_MAX, &granularity) < 0) {
                 return 1;
             }
             break;

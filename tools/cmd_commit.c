@@ -90,8 +90,7 @@ static int run_commit(int argc, char **argv)
             base_name = optarg;
             break;
         case 'r':
-            if (qk_tool_size(optarg, &rate) < 0) {
-                qk_tool_size_error("rate limit");
+            if (qk_tool_cvtnum("rate limit", optarg, 0, INT64_MAX, &rate) < 0) {
                 return 1;
             }
             break;

@@ -183,8 +183,7 @@ static int run_convert(int argc, char **argv)
             break;
         case 'S':
             sparse_set = true;
-            if (qk_tool_size(optarg, &sparse) < 0) {
-                qk_tool_size_error("buffer size for sparse output");
+            if (qk_tool_cvtnum("buffer size for sparse output", optarg, 0, INT64_MAX, &sparse) < 0) {
                 return 1;
             }
             if (sparse % 512 || sparse > (16u << 20)) {
@@ -201,8 +200,7 @@ static int run_convert(int argc, char **argv)
             }
             break;
         case 'r': {
-            if (qk_tool_size(optarg, &rate) < 0) {
-                qk_tool_size_error("rate limit");
+            if (qk_tool_cvtnum("rate limit", optarg, 0, INT64_MAX, &rate) < 0) {
                 return 1;
             }
             break;

@@ -158,12 +158,7 @@ static int run(int argc, char **argv)
     }
     if (optind < argc) {
         const char *s = argv[optind++];
-        if (qk_tool_size(s, &a.c.o.size) < 0) {
-            qk_tool_size_error("image size");
-            return 1;
-        }
-        if (a.c.o.size > INT64_MAX) {
-            qk_tool_error("Invalid image size specified. Must be between 0 and 9223372036854775807.");
+        if (qk_tool_cvtnum("image size", s, 0, INT64_MAX, &a.c.o.size) < 0) {
             return 1;
         }
         a.c.o.size_set = true;

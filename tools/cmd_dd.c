@@ -80,16 +80,6 @@ static void coroutine_fn dd_co(void *opaque)
     }
 }
 
-/* A size operand; qemu-img's two-line message when it is not one. */
-static int parse_operand(const char *what, const char *arg, uint64_t *out)
-{
-    if (qk_tool_size(arg, out) < 0 || *out > INT64_MAX) {
-        qk_tool_size_error(what);
-        return -1;
-    }
-    return 0;
-}
-
 static int run_dd(int argc, char **argv)
 {
     const char *fmt = NULL, *out_fmt = "raw", *in_name = NULL, *out_name = NULL;
@@ -127,21 +117,16 @@ static int run_dd(int argc, char **argv)
         size_t kl = eq ? (size_t)(eq - a) : strlen(a);
         const char *v = eq ? eq + 1 : "";
         if (eq && kl == 2 && strncmp(a, "bs", 2) == 0) {
-            if (qk_tool_size(v, &bs) < 0) {
-                qk_tool_size_error("bs");
-                return 1;
-            }
-            if (bs == 0 || bs > INT_MAX) {
-                qk_tool_error("Invalid bs specified. Must be between 1 and %d.", INT_MAX);
+            if (qk_tool_cvtnum("bs", v, 1, INT_MAX, &bs) < 0) {
                 return 1;
             }
         } else if (eq && kl == 5 && strncmp(a, "count", 5) == 0) {
-            if (parse_operand("count", v, &count) < 0) {
+            if (qk_tool_cvtnum("count", v, 0, INT64_MAX, &count) < 0) {
                 return 1;
             }
             have_count = true;
         } else if (eq && kl == 4 && strncmp(a, "skip", 4) == 0) {
-            if (parse_operand("skip", v, &skip) < 0) {
+            if (qk_tool_cvtnum("skip", v, 0, INT64_MAX, &skip) < 0) {
                 return 1;
             }
             have_skip = true;

@@ -202,14 +202,12 @@ static int run(int argc, char **argv)
             }
             break;
         case 's': case OPT_START:
-            if (qk_tool_size(optarg, &m.start) < 0) {
-                qk_tool_size_error("start offset");
+            if (qk_tool_cvtnum("start offset", optarg, 0, INT64_MAX, &m.start) < 0) {
                 return 1;
             }
             break;
         case 'l': case OPT_MAXLEN:
-            if (qk_tool_size(optarg, &max_len) < 0) {
-                qk_tool_size_error("max length");
+            if (qk_tool_cvtnum("max length", optarg, 0, INT64_MAX, &max_len) < 0) {
                 return 1;
             }
             break;

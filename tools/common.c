@@ -52,6 +52,22 @@ int qk_tool_size(const char *arg, uint64_t *out)
     return r;
 }
 
+int qk_tool_cvtnum(const char *what, const char *arg, uint64_t min, uint64_t max, uint64_t *out)
+{
+    uint64_t v = 0;
+    int r = qk_tool_size(arg, &v);
+    if (r < 0 && r != -ERANGE) {
+        qk_tool_size_error(what);
+        return -1;
+    }
+    if (r == -ERANGE || v < min || v > max) {
+        qk_tool_error("Invalid %s specified. Must be between %" PRIu64 " and %" PRIu64 ".", what, min, max);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
 int qk_tool_parse_size(const char *arg, const char *what, uint64_t *out)
 {
     if (qk_tool_size(arg, out) < 0) {
