@@ -51,6 +51,14 @@ for f, size, opts, cmds in chain:
     io(f, *cmds)
     prev = f
 chain_top = prev
+# A middle layer shorter than the base and the top: past its end the top
+# reads zeros, not the base's 0x55.
+sh(["qemu-img", "create", "-q", "-f", "qcow2", "mbase.qcow2", str(2 * M)], src)
+io("mbase.qcow2", "write -P 0x55 0 2M")
+sh(["qemu-img", "create", "-q", "-f", "qcow2", "-b", "mbase.qcow2", "-F", "qcow2", "mmid.qcow2", str(M // 2)], src)
+sh(["qemu-img", "create", "-q", "-f", "qcow2", "-b", "mmid.qcow2", "-F", "qcow2", "mtop.qcow2", str(2 * M)], src)
+io("mtop.qcow2", "write -P 0x66 1536k 64k")
+sh(["qemu-img", "create", "-q", "-f", "qcow2", "-b", "mbase.qcow2", "-F", "qcow2", "mtarget.qcow2", str(2 * M)], src)
 with open(os.path.join(src, "odd.raw"), "wb") as f:
     f.write(b"qcowkit compresses clusters; " * 40000)
 # Internal snapshots (-l): s1 at 8M with 0x31, s2 after a rewrite and a
@@ -198,11 +206,11 @@ def own_case(name, args, srcimg, out_fmt="qcow2", expect_rc=0, expect_err=None, 
     elif rc != 0 and check_fail:
         check_fail(name, k)
     elif rc == 0:
-        rc2, o2, e2 = run(["qemu-img", "compare", "-U", "-F", out_fmt, srcimg, "o"], k)
+        rc2, o2, e2 = run(["qemu-img", "compare", "-U", "-F", out_fmt, srcimg, out], k)
         if rc2 != 0:
             bad(name, "output reads differently from the source: %s%s" % (o2, e2))
         if out_fmt == "qcow2":
-            rc2, o2, _ = run(["qemu-img", "check", "o"], k)
+            rc2, o2, _ = run(["qemu-img", "check", out], k)
             if rc2 != 0:
                 bad(name, "qemu-img check: %s" % o2.strip())
         if check:
@@ -238,6 +246,14 @@ own_case("--compress-level 23", Q + ["-c", "--compress-level", "23"], "top.qcow2
          expect_err="Invalid compression level '23'")
 own_case("--compress-threads 0", Q + ["-c", "--compress-threads", "0"], "top.qcow2", expect_rc=1,
          expect_err="Invalid number of compression threads '0'")
+
+# -B over a chain whose middle layer is shorter: the output reads as the
+# source, zeros past the middle layer's end included (qemu-img 7.2 leaves
+# the new backing file's data showing over part of that range).
+own_case("-B base under a shorter middle layer", Q + ["-B", "mbase.qcow2", "-F", "qcow2"], "mtop.qcow2")
+own_case("-n -B base under a shorter middle layer", Q + ["-n", "-B", "mbase.qcow2", "-F", "qcow2"], "mtop.qcow2",
+         out="mtarget.qcow2")
+own_case("-c -B base under a shorter middle layer", Q + ["-c", "-B", "mbase.qcow2", "-F", "qcow2"], "mtop.qcow2")
 
 
 # The level reaches the compressor: zstd 19 packs words from a small
