@@ -338,11 +338,14 @@ static int run_convert(int argc, char **argv)
                       "images");
         goto out;
     }
-    if (a.o.backing_file && !qcow2) {
+    /* With -n the target is not created: -B only says the target holds
+     * the base's data already, so whatever the top leaves to its chain
+     * is not copied (as in qemu-img, for a raw target too). */
+    if (a.o.backing_file && !qcow2 && !no_create) {
         qk_tool_error("Backing file not supported for file format '%s'", out_fmt);
         goto out;
     }
-    if (a.o.backing_file && !a.o.backing_fmt) {
+    if (a.o.backing_file && !a.o.backing_fmt && !no_create) {
         qk_tool_error("Use of backing file requires explicit backing format");
         goto out;
     }

@@ -132,6 +132,9 @@ case("-n --target-is-zero", Q + ["-n", "--target-is-zero", "small.qcow2", "big.q
      out_fmt="qcow2")
 case("-n -B (top layer only)", Q + ["-n", "-B", "base.qcow2", "-F", "qcow2", "top.qcow2", "big.qcow2"],
      out="big.qcow2", out_fmt="qcow2")
+case("-n -B without -F (nothing created)", Q + ["-n", "-B", "base.qcow2", "top.qcow2", "big.qcow2"],
+     out="big.qcow2", out_fmt="qcow2")
+case("-n -B into a raw target", ["-n", "-B", "base.qcow2", "top.qcow2", "big.raw"], out="big.raw")
 case("-S 0", Q + ["-S", "0", "top.qcow2", "o"], out_fmt="qcow2")
 case("-S 64k", Q + ["-S", "64k", "small.qcow2", "o"], out_fmt="qcow2")
 case("-S 0 raw", ["-S", "0", "small.qcow2", "o"])
