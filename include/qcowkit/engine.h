@@ -422,7 +422,9 @@ int coroutine_fn qk_co_block_status_above(QkBlock *bs, uint64_t off, uint64_t by
                                           uint64_t *pnum, int *depth);
 int coroutine_fn qk_co_truncate(QkBlock *bs, uint64_t size, QkPrealloc prealloc, QkError *err);
 /* Drops everything the node holds so its backing shows through
- * everywhere (after commit); -ENOTSUP when the format cannot. */
+ * everywhere (after commit); -ENOTSUP when the format cannot. Its dirty
+ * bitmaps are left as they are: after a commit what it reads has not
+ * changed (a caller emptying it for another reason marks them itself). */
 int coroutine_fn qk_co_make_empty(QkBlock *bs);
 /* Records another backing file (name NULL: none) and its format in the
  * image, durably; the open chain stays as it was. -ENOTSUP when the

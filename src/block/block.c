@@ -887,12 +887,10 @@ int coroutine_fn qk_co_make_empty(QkBlock *bs)
         return -ENOTSUP;
     }
     qk_co_drain(bs);
-    int r = bs->drv->co_make_empty(bs);
-    if (r == 0) {
-        /* What the image held now reads from below it. */
-        qk_dirty_bitmaps_mark_all(bs, 0, bs->size);
-    }
-    return r;
+    /* The bitmaps stay as they are (as in QEMU): after a commit the image
+     * reads what it read before, from below it now, so nothing changed
+     * for a backup of it. */
+    return bs->drv->co_make_empty(bs);
 }
 
 int coroutine_fn qk_co_change_backing(QkBlock *bs, const char *name, const char *fmt, QkError *err)

@@ -360,6 +360,22 @@ m=$(bmap rs.qcow2 gb)
 [ "$(echo "$m" | awk '$4 == "dirty" {n += $2} END {print n}')" = 67108864 ] ||
   { bad "snapshot -a big: the bitmap is not dirty over the whole 64 MiB"; echo "$m"; }
 
+# commit empties the overlay; what the overlay reads does not change, so
+# its bitmap keeps the ranges it had, as qemu-img commit leaves them (an
+# overlay larger than its base: the base grows).
+for t in ours theirs; do
+  qemu-img create -q -f qcow2 "cb-$t.qcow2" 4M
+  qemu-io -c 'write -P 1 0 4M' "cb-$t.qcow2" >/dev/null
+  qemu-img create -q -f qcow2 -b "cb-$t.qcow2" -F qcow2 "ct-$t.qcow2" 6M
+  qemu-img bitmap --add "ct-$t.qcow2" te
+  qemu-io -c 'write -P 2 1M 100k' -c 'write -z 5M 64k' "ct-$t.qcow2" >/dev/null
+done
+"$QK" commit -q ct-ours.qcow2 || bad "commit of an overlay with a bitmap"
+qemu-img commit -q ct-theirs.qcow2
+diff <(bmap ct-ours.qcow2 te) <(bmap ct-theirs.qcow2 te) >diff.out || { bad "commit: the overlay's bitmap differs"; cat diff.out; }
+qemu-img compare -q ct-ours.qcow2 ct-theirs.qcow2 || bad "commit with a bitmap: the overlays read differently"
+qemu-img check -q ct-ours.qcow2 || bad "commit with a bitmap: check"
+
 # An empty disk (size 0) cannot hold a persistent bitmap: its table would
 # have no entry, which qemu-img refuses to open ("doesn't satisfy the
 # constraints"). Adding one is refused (the file stays as it was), and
