@@ -50,7 +50,11 @@ int qk_tool_bitmaps_copy(QkBlock *src, QkBlock *dst, bool skip_broken)
         }
         QkError err = {0};
         QkDirtyBitmap *nb = qk_dirty_bitmap_add_persistent(dst, name, qk_dirty_bitmap_granularity(bm), &err);
-        if (!nb || qk_dirty_bitmap_merge(nb, bm, &err) < 0) {
+        if (!nb) {
+            qk_tool_error("Failed to create bitmap %s: %s", name, err.msg);
+            return -1;
+        }
+        if (qk_dirty_bitmap_merge(nb, bm, &err) < 0) {
             qk_tool_error("Failed to populate bitmap %s: %s", name, err.msg);
             return -1;
         }

@@ -118,9 +118,11 @@ static void coroutine_fn check_l2_table(Check *k, void *t, bool active, bool fix
         uint64_t bm;
         uint64_t e = qcow2_l2_get(s, t, i, &bm);
         if (e & QCOW2_OFLAG_COMPRESSED) {
+            uint64_t host, len;
+            qcow2_compressed_range(s, e, &host, &len);
             if (e & QCOW2_OFLAG_COPIED) {
                 ck_say(k, "ERROR: coffset=0x%llx: copied flag must never be set for compressed clusters",
-                    (unsigned long long)(e & ~QCOW2_OFLAG_COPIED));
+                    (unsigned long long)host);
                 k->res->corruptions++;
             }
             if (s->extended_l2 && bm) {
@@ -129,8 +131,6 @@ static void coroutine_fn check_l2_table(Check *k, void *t, bool active, bool fix
                        (unsigned long long)i, (unsigned long long)e);
                 k->res->corruptions++;
             }
-            uint64_t host, len;
-            qcow2_compressed_range(s, e, &host, &len);
             add_ref(k, host, len, CK_DATA);
             if (active) {
                 k->res->allocated_clusters++;

@@ -210,6 +210,16 @@ conv_both "--skip-broken-bitmaps" --bitmaps --skip-broken-bitmaps -O qcow2 csi.q
 same_maps "convert --skip-broken-bitmaps" b
 conv_both "--skip-broken-bitmaps alone" --skip-broken-bitmaps -O qcow2 cs.qcow2 OUT.qcow2
 conv_both "--bitmaps, two sources" --bitmaps -O qcow2 cs.qcow2 cs.qcow2 OUT.qcow2
+# -n into an image that has a bitmap of that name already: "Failed to
+# create bitmap a", as qemu-img says it.
+for t in ours theirs; do
+  qemu-img create -q -f qcow2 "nb-$t.qcow2" 16M
+  qemu-img bitmap --add "nb-$t.qcow2" a
+done
+a=$("$QK" convert -n --bitmaps -O qcow2 cs.qcow2 nb-ours.qcow2 2>&1; echo "rc=$?")
+b=$(qemu-img convert -n --bitmaps -O qcow2 cs.qcow2 nb-theirs.qcow2 2>&1; echo "rc=$?")
+[ "$(echo "$a" | norm)" = "$(echo "$b" | norm)" ] ||
+  { bad "convert -n --bitmaps onto an existing bitmap differs"; echo "ours: $a"; echo "qemu: $b"; }
 
 # --- a failure anywhere while bitmaps are marked, written or switched ---
 # Each host write or flush of a session (one guest write) fails in turn:

@@ -36,7 +36,9 @@
 #    (the cluster just past it): its refcount 0 is an error that -r all
 #    repairs by a rebuild, its refcount 2 one repaired in place, each as
 #    qemu-img repairs it (line for line, then check clean), and a
-#    refcount width change keeps it.
+#    refcount width change keeps it;
+#  - OFLAG_COPIED on a compressed cluster's entry: named by the entry's
+#    host offset, as qemu-img names it.
 # The run uses the ASan build when there is one. Exit 0 pass, 1 fail.
 . "$SRC_DIR/tests/interop/snapshot-lib.bash"
 
@@ -115,6 +117,28 @@ for kind in leak copied both zero zeroleak; do
     qemu-io -r -c 'read -P 0xaa 0 256k' k.qcow2 >r.out 2>&1 || { bad "$kind, $mode: data changed"; cat r.out; }
   done
 done
+
+# OFLAG_COPIED on a compressed cluster's entry: named by its host offset
+# (without the sector count), line for line as qemu-img names it.
+qemu-img create -q -f qcow2 orig.qcow2 8M
+qemu-io -c 'write -c -P 0xab 0 64k' -c 'write -c -P 0xac 64k 64k' orig.qcow2 >/dev/null
+python3 - orig.qcow2 <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+h = f.read(104)
+f.seek(struct.unpack(">Q", h[40:48])[0])
+l2 = struct.unpack(">Q", f.read(8))[0] & 0x00fffffffffffe00
+f.seek(l2 + 8)
+e = struct.unpack(">Q", f.read(8))[0]
+f.seek(l2 + 8)
+f.write(struct.pack(">Q", e | (1 << 63)))
+PY
+for mode in "" "--output=json" "-r all"; do
+  twins "$mode" recheck
+  grep -q 'coffset=0x[0-9a-f]*: copied flag must never be set' k.out || bad "copied compressed, $mode: not named"
+  same "copied compressed, check $mode"
+done
+qemu-io -r -c 'read -P 0xac 64k 64k' k.qcow2 >r.out 2>&1 || { bad "copied compressed: data changed"; cat r.out; }
 
 # The corrupt bit set (with a leak, or alone): check -r opens the image
 # all the same, repairs it and clears the bit, as qemu-img does.
