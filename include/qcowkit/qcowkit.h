@@ -233,12 +233,16 @@ QkAsyncImage *qk_async_open(const char *filename, const char *format, int flags,
 
 /* qk_async_close - waits for every request in flight, flushes (when
  * writable), closes the image, stops the engine and frees the queues
- * (completions not collected are dropped). Returns 0, or the error of the
- * final flush: the last writes may not be on disk. Frees IMG, except for
- * an inline image closed from another thread (-EPERM, nothing done). */
+ * (completions not collected are dropped). Requests enqueued but never
+ * submitted by qk_queue_do_io() are dropped unrun, as an io_uring drops
+ * entries never submitted: a write enqueued and not submitted does not
+ * reach the image (see qk_queue_outstanding()). Returns 0, or the error
+ * of the final flush: the last writes may not be on disk. Frees IMG,
+ * except for an inline image closed from another thread (-EPERM,
+ * nothing done). */
 int qk_async_close(QkAsyncImage *img);
 
-/* qk_async_size - the virtual disk size in bytes. */
+/* qk_async_size - the virtual disk size in bytes (0 for NULL). */
 uint64_t qk_async_size(const QkAsyncImage *img);
 
 /* qk_async_queue - queue I (0 <= I < nqueues), or NULL. */
@@ -265,11 +269,12 @@ int qk_queue_do_io(QkQueue *q, QkCompletion *out, int min, int max, int64_t time
 
 /* qk_queue_completion_fd - a descriptor that becomes readable (POLLIN)
  * when completions may be waiting on Q. Reading it is the library's job:
- * call qk_queue_do_io() when it fires. Valid until qk_async_close(). */
+ * call qk_queue_do_io() when it fires. Valid until qk_async_close().
+ * -EINVAL for a NULL Q. */
 int qk_queue_completion_fd(QkQueue *q);
 
 /* qk_queue_outstanding - requests enqueued or in flight on Q whose
- * completion has not been returned yet. */
+ * completion has not been returned yet (0 for a NULL Q). */
 unsigned qk_queue_outstanding(const QkQueue *q);
 
 #ifdef __cplusplus

@@ -29,6 +29,7 @@
 #include "util/iov.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -398,7 +399,11 @@ static int make_poll_set(QkQueue *q)
 QkAsyncImage *qk_async_open(const char *filename, const char *format, int flags, int nqueues,
                             char *errbuf, size_t errlen)
 {
-    if (!filename || nqueues < 1 || nqueues > MAX_QUEUES) {
+    if (!filename) {
+        set_err(errbuf, errlen, "no file name given");
+        return NULL;
+    }
+    if (nqueues < 1 || nqueues > MAX_QUEUES) {
         set_err(errbuf, errlen, "invalid argument (nqueues must be 1 to 64)");
         return NULL;
     }
@@ -447,8 +452,10 @@ QkAsyncImage *qk_async_open(const char *filename, const char *format, int flags,
         ok = q->done_fd >= 0 && (!a->inline_mode || make_poll_set(q) == 0);
     }
     if (!ok) {
+        /* An eventfd, the timerfd or a queue's epoll set (inline). */
         char m[128];
-        snprintf(m, sizeof(m), "Could not create an eventfd: %s", strerror(errno ? errno : ENOMEM));
+        snprintf(m, sizeof(m), "Could not create the image's event descriptors: %s",
+                 strerror(errno ? errno : ENOMEM));
         set_err(errbuf, errlen, m);
         async_free(a, nq);
         return NULL;
@@ -502,7 +509,8 @@ int qk_async_close(QkAsyncImage *a)
         kick(a->wake_fd);
         pthread_join(a->thread, NULL);
     }
-    /* Requests enqueued but never handed over are dropped with their queue. */
+    /* Requests enqueued but never handed over are dropped with their
+     * queue, unrun (qcowkit.h says so). */
     int r = a->close_ret;
     for (int i = 0; i < a->nqueues; i++) {
         QkQueue *q = &a->queues[i];
@@ -520,7 +528,7 @@ int qk_async_close(QkAsyncImage *a)
 
 uint64_t qk_async_size(const QkAsyncImage *a)
 {
-    return a->size;
+    return a ? a->size : 0;
 }
 
 QkQueue *qk_async_queue(QkAsyncImage *a, int i)
@@ -530,12 +538,15 @@ QkQueue *qk_async_queue(QkAsyncImage *a, int i)
 
 int qk_queue_completion_fd(QkQueue *q)
 {
+    if (!q) {
+        return -EINVAL;
+    }
     return q->img->inline_mode ? q->poll_fd : q->done_fd;
 }
 
 unsigned qk_queue_outstanding(const QkQueue *q)
 {
-    return q->outstanding;
+    return q ? q->outstanding : 0;
 }
 
 static AReq *req_get(QkQueue *q)
@@ -741,6 +752,22 @@ static void start_inline(QkQueue *q)
     }
 }
 
+/* When a wait of timeout_ns (> 0) from now ends; a timeout too long to
+ * add (INT64_MAX for "forever") ends at the end of time. */
+static int64_t deadline_after(int64_t timeout_ns)
+{
+    int64_t now = qk_clock_ns();
+    return timeout_ns > INT64_MAX - now ? INT64_MAX : now + timeout_ns;
+}
+
+/* poll()'s timeout for left (> 0) nanoseconds: rounded up to whole
+ * milliseconds, at most INT_MAX (a longer wait just polls again). */
+static int poll_ms(int64_t left)
+{
+    int64_t ms = left / 1000000 + (left % 1000000 != 0);
+    return ms > INT_MAX ? INT_MAX : (int)ms;
+}
+
 /* When blocking without a time limit, the loop's own wait does the work:
  * io_uring submits what the new requests queued and waits for their
  * completions in one system call, as `qcowkit bench` does. */
@@ -762,7 +789,7 @@ static int do_io_inline(QkQueue *q, QkCompletion *out, int min, int max, int64_t
     if (timeout_ns >= 0 || min == 0) {
         pump(q);
     }
-    int64_t deadline = timeout_ns > 0 ? qk_clock_ns() + timeout_ns : 0;
+    int64_t deadline = timeout_ns > 0 ? deadline_after(timeout_ns) : 0;
     int n = 0;
     for (;;) {
         n += collect(q, out + n, max - n);
@@ -779,7 +806,7 @@ static int do_io_inline(QkQueue *q, QkCompletion *out, int min, int max, int64_t
             break;
         }
         struct pollfd p = {.fd = q->poll_fd, .events = POLLIN};
-        if (poll(&p, 1, (int)((left + 999999) / 1000000)) < 0 && errno != EINTR) {
+        if (poll(&p, 1, poll_ms(left)) < 0 && errno != EINTR) {
             a->active = NULL;
             return n > 0 ? n : -errno;
         }
@@ -810,7 +837,7 @@ int qk_queue_do_io(QkQueue *q, QkCompletion *out, int min, int max, int64_t time
         return do_io_inline(q, out, min, max, timeout_ns);
     }
     hand_over(q);
-    int64_t deadline = timeout_ns > 0 ? qk_clock_ns() + timeout_ns : 0;
+    int64_t deadline = timeout_ns > 0 ? deadline_after(timeout_ns) : 0;
     int n = 0;
     for (;;) {
         /* Reset the descriptor first: a completion arriving after the
@@ -829,7 +856,7 @@ int qk_queue_do_io(QkQueue *q, QkCompletion *out, int min, int max, int64_t time
             if (left <= 0) {
                 return n;
             }
-            ms = (int)((left + 999999) / 1000000);
+            ms = poll_ms(left);
         }
         struct pollfd p = {.fd = q->done_fd, .events = POLLIN};
         if (poll(&p, 1, ms) < 0 && errno != EINTR) {

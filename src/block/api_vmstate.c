@@ -110,7 +110,10 @@ QkVmStateStream *qk_image_vmstate_writer_open(QkImage *img, const QkVmStateParam
     fill_opts(bs, params, &o);
     s->w = c.ret == 0 ? qk_vmstate_writer_new(bs, &o, NULL) : NULL;
     if (!s->w) {
-        set_err(errbuf, errlen, c.ret < 0 ? c.err.msg : "out of memory");
+        char m[sizeof(c.err.msg) + 64];
+        snprintf(m, sizeof(m), "Could not start saving the VM state: %s",
+                 c.ret < 0 ? c.err.msg : "out of memory");
+        set_err(errbuf, errlen, m);
         free(s);
         return NULL;
     }
@@ -208,7 +211,10 @@ QkVmStateStream *qk_image_vmstate_reader_open(QkImage *img, const char *snapshot
     fill_opts(bs, params, &o);
     s->r = c.ret == 0 ? qk_vmstate_reader_new(bs, s->size, &o, NULL) : NULL;
     if (!s->r) {
-        set_err(errbuf, errlen, c.ret < 0 ? c.err.msg : "out of memory");
+        char m[sizeof(c.err.msg) + 256];
+        snprintf(m, sizeof(m), "Could not load the VM state of snapshot '%.200s': %s", snapshot,
+                 c.ret < 0 ? c.err.msg : "out of memory");
+        set_err(errbuf, errlen, m);
         free(s);
         return NULL;
     }

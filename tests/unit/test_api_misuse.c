@@ -91,6 +91,10 @@ int main(void)
     QK_CHECK(msg[0] != 0);
     QK_CHECK(qk_image_vmstate_reader_open(img, "s1", NULL, NULL, msg, sizeof(msg)) == NULL);
     QK_CHECK_EQ(read_byte(img, 0), 'B');
+    /* A snapshot that is not there: named in the message, nothing changed. */
+    QK_CHECK(qk_image_vmstate_reader_open(img, "nope", NULL, &vsize, msg, sizeof(msg)) == NULL);
+    QK_CHECK(strstr(msg, "'nope'") != NULL);
+    QK_CHECK_EQ(read_byte(img, 0), 'B');
 
     /* A reader, misused as a writer, then the image closed under it. */
     QkVmStateStream *r = qk_image_vmstate_reader_open(img, "s1", NULL, &vsize, msg, sizeof(msg));

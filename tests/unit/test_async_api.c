@@ -374,6 +374,20 @@ static void test_errors(QkAsyncImage *img)
     QK_CHECK_EQ(qk_queue_do_io(q, c, 0, 1, 0), 0);
     QK_CHECK(qk_async_queue(img, 6) == NULL);
     QK_CHECK(qk_async_queue(img, -1) == NULL);
+    /* NULL where a lookup gave one: an answer, never a crash. */
+    QK_CHECK(qk_async_queue(NULL, 0) == NULL);
+    QK_CHECK_EQ(qk_async_size(NULL), 0);
+    QK_CHECK_EQ(qk_queue_completion_fd(qk_async_queue(img, 6)), -EINVAL);
+    QK_CHECK_EQ(qk_queue_outstanding(NULL), 0);
+    /* INT64_MAX for "forever", and a wait longer than poll() can take in
+     * one call (30 days): the deadline saturates (no overflow, which
+     * UBSan reports in the sanitizer build), the completion comes back. */
+    const int64_t waits[] = {INT64_MAX, 30LL * 86400 * 1000000000};
+    for (int i = 0; i < 2; i++) {
+        QK_CHECK_EQ(qk_queue_flush(q, NULL), 0);
+        QK_CHECK_EQ(qk_queue_do_io(q, c, 1, 1, waits[i]), 1);
+        QK_CHECK_EQ(c[0].ret, 0);
+    }
     QK_CHECK_EQ(qk_set_aio_backend("bogus"), -EINVAL);
     QK_CHECK_EQ(qk_set_aio_backend(NULL), -EINVAL);
     QK_CHECK(strcmp(qk_strerror(-EUCLEAN), "image is corrupt") == 0);
@@ -384,6 +398,9 @@ static void test_errors(QkAsyncImage *img)
     QK_CHECK(qk_async_open("missing.qcow2", NULL, 0, 1, msg, sizeof(msg)) == NULL);
     QK_CHECK(strstr(msg, "missing.qcow2") != NULL);
     QK_CHECK(qk_async_open("missing.qcow2", NULL, 0, 0, msg, sizeof(msg)) == NULL);
+    QK_CHECK(strstr(msg, "nqueues") != NULL);
+    QK_CHECK(qk_async_open(NULL, NULL, 0, 1, msg, sizeof(msg)) == NULL);
+    QK_CHECK(strstr(msg, "no file name") != NULL);
 }
 
 int main(void)
