@@ -168,6 +168,33 @@ static bool backing_differs(const AmendCmd *c)
            differ0(c->backing_fmt, qk_block_backing_format(c->bs));
 }
 
+/* "help" or "?" anywhere in the -o list asks for the list of options. */
+static bool wants_help(const char *options)
+{
+    char *copy = strdup(options), *cursor = copy;
+    bool help = false;
+    for (char *kv = copy ? qk_tool_opt_next(&cursor) : NULL; kv && !help; kv = qk_tool_opt_next(&cursor)) {
+        help = strcmp(kv, "help") == 0 || strcmp(kv, "?") == 0;
+    }
+    free(copy);
+    return help;
+}
+
+/* The options FMT can amend; 0, or 1 after the message. */
+static int print_help(const char *fmt)
+{
+    if (strcmp(fmt, "qcow2") == 0) {
+        fputs(amend_help, stdout);
+        return 0;
+    }
+    if (!qk_format_known(fmt)) {
+        qk_tool_error("Unknown file format '%s'", fmt);
+    } else {
+        qk_tool_error("Format driver '%s' does not support option amendment", fmt);
+    }
+    return 1;
+}
+
 static int run_amend(int argc, char **argv)
 {
     const char *fmt = NULL, *cache = NULL;
@@ -230,6 +257,12 @@ static int run_amend(int argc, char **argv)
         fprintf(stderr, "Try '%s --help' for more information\n", qk_progname);
         return 1;
     }
+    bool help = wants_help(options);
+    if (help && fmt) {
+        /* With the format given, no image is needed (qemu-img's order). */
+        ret = print_help(fmt);
+        goto out;
+    }
     if (optind != argc - 1) {
         qk_tool_error("Expecting one image file name");
         goto out;
@@ -240,11 +273,6 @@ static int run_amend(int argc, char **argv)
         qk_tool_error("Invalid cache option: %s", cache);
         goto out;
     }
-    if (strcmp(options, "help") == 0 || strcmp(options, "?") == 0) {
-        fputs(amend_help, stdout);
-        ret = 0;
-        goto out;
-    }
     /* Refusals first, on a read-only open: a read-write open already
      * updates the header (it clears the autoclear bits it cannot keep).
      * It shares the image: the read-write open is the one whose lock
@@ -252,6 +280,10 @@ static int run_amend(int argc, char **argv)
     c.bs = qk_tool_open(filename, fmt, (flags & ~QK_OPEN_RDWR) | QK_OPEN_FORCE_SHARE, &c.err);
     if (!c.bs) {
         qk_tool_error("Could not open '%s': %s", filename, c.err.msg);
+        goto out;
+    }
+    if (help) {
+        ret = print_help(qk_block_format_name(c.bs));
         goto out;
     }
     if (!qk_block_can_amend(c.bs)) {

@@ -160,6 +160,12 @@ case("backing_file alone (the format recorded too)", ["-o", "backing_file=b.qcow
      backing=True)
 case("backing_fmt alone", ["-o", "backing_fmt=qcow2", "t.qcow2"], "", data, backing=True)
 case("-o help", ["-o", "help", "t.qcow2"])
+# help anywhere in the list; with -f no image is needed; other formats
+case("-o lazy_refcounts=on,?", ["-o", "lazy_refcounts=on,?", "t.qcow2"])
+case("-f qcow2 -o help, no image", ["-f", "qcow2", "-o", "help"])
+case("-f raw -o help", ["-f", "raw", "-o", "help"])
+case("-f bogus -o help", ["-f", "bogus", "-o", "help"])
+case("-f raw -o help on a qcow2 image", ["-f", "raw", "-o", "help", "t.qcow2"])
 for args in (["t.qcow2"], ["-o", "compat=1.2", "t.qcow2"], ["-o", "compat=", "t.qcow2"],
              ["-o", "lazy_refcounts=maybe", "t.qcow2"], ["-o", "cluster_size=4096", "t.qcow2"],
              ["-o", "extended_l2=on", "t.qcow2"], ["-o", "compression_type=zstd", "t.qcow2"],
