@@ -675,6 +675,10 @@ int coroutine_fn qcow2_co_snapshot_goto(QkBlock *bs, const char *id_or_name, uin
                                         QkError *err)
 {
     Qcow2State *s = qcow2_state(bs);
+    if (qcow2_has_data_file(s)) {
+        /* Refused before the lookup, in qemu-img's words. */
+        return qk_error_set(err, -ENOTSUP, "Failed to load snapshot: Operation not supported");
+    }
     int r = check_writable(s, err);
     if (r < 0) {
         return r;

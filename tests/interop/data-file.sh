@@ -220,6 +220,10 @@ qemu-io -c 'write -P 5 0 256k' q.qcow2 >/dev/null
 cp q.raw q.raw.before
 "$QK" snapshot -c s1 q.qcow2 2>err.txt && bad "snapshot -c was accepted"
 grep -q "Could not create snapshot 's1'" err.txt || { bad "snapshot -c message"; cat err.txt; }
+# -a: qemu-img's words, whatever the name (no snapshot can exist here).
+a=$("$QK" snapshot -a s1 q.qcow2 2>&1; echo "rc=$?")
+b=$(qemu-img snapshot -a s1 q.qcow2 2>&1; echo "rc=$?")
+[ "${a#qcowkit:}" = "${b#qemu-img:}" ] || { bad "snapshot -a differs from qemu-img"; echo "$a"; echo "$b"; }
 "$QK" io -c 'write -c 0 64k' q.qcow2 >out.txt 2>&1 && bad "a compressed write was accepted"
 grep -q "Operation not supported" out.txt || { bad "write -c message"; cat out.txt; }
 [ "$(status "$QK" amend -o compat=0.10 q.qcow2)" = "$(status qemu-img amend -o compat=0.10 q.qcow2)" ] ||
