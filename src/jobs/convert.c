@@ -124,19 +124,22 @@ static int coroutine_fn status_at(Run *r, uint64_t pos, uint64_t max, uint64_t *
         return failed(r, "reading block status at offset", pos, st < 0 ? st : -EIO);
     }
     *pnum = n;
-    int64_t blen = r->o->top_only && bs->backing ? qk_block_length(bs->backing) : 0;
-    if (r->o->top_only && !(st & QK_BS_ALLOCATED) && bs->backing && blen > 0 && soff < (uint64_t)blen) {
-        /* qemu-img -B: what the top layer leaves to its chain is left to
-         * the target's backing file, whatever the source chain holds. */
-        *pnum = QK_MIN(n, (uint64_t)blen - soff);
-        *kind = SEG_SKIP;
-    } else if (r->o->top_only && !(st & QK_BS_ALLOCATED) && bs->backing) {
-        /* Past the end of a shorter backing file the source reads zeros,
-         * whatever the target's backing file holds there: they are
-         * written. (qemu-img 7.2 writes them only where its status query
-         * happens to start past that end, and leaves the backing file's
-         * data showing elsewhere.) */
-        *kind = SEG_ZERO;
+    if (r->o->top_only && !(st & QK_BS_ALLOCATED) && bs->backing) {
+        int64_t blen = qk_block_length(bs->backing);
+        if (blen > 0 && soff < (uint64_t)blen) {
+            /* qemu-img -B: what the top layer leaves to its chain is left
+             * to the target's backing file, whatever the source chain
+             * holds. */
+            *pnum = QK_MIN(n, (uint64_t)blen - soff);
+            *kind = SEG_SKIP;
+        } else {
+            /* Past the end of a shorter backing file the source reads
+             * zeros, whatever the target's backing file holds there: they
+             * are written. (qemu-img 7.2 writes them only where its status
+             * query happens to start past that end, and leaves the backing
+             * file's data showing elsewhere.) */
+            *kind = SEG_ZERO;
+        }
     } else if (!(st & QK_BS_ZERO) && (st & (QK_BS_DATA | QK_BS_ALLOCATED))) {
         *kind = SEG_DATA;
     } else {
