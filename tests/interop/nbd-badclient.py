@@ -87,16 +87,21 @@ class Conn:
         self.opt(OPT_SR)
         assert self.reply()[1] == REP_ACK
 
+    def send_go(self, name):
+        """NBD_OPT_GO to NAME, acknowledged: its replies."""
+        n = name.encode()
+        self.opt(OPT_GO, struct.pack(">I", len(n)) + n + struct.pack(">H", 0))
+        r = self.replies_until_final()
+        assert r[-1][0] == REP_ACK, r
+        return r
+
     def go(self, name, structured=True, meta=True):
         if structured:
             self.structured_replies()
         if meta:
             r = self.meta(name.encode(), b"base:allocation")
             assert r[-1][0] == REP_ACK, r
-        n = name.encode()
-        self.opt(OPT_GO, struct.pack(">I", len(n)) + n + struct.pack(">H", 0))
-        r = self.replies_until_final()
-        assert r[-1][0] == REP_ACK, r
+        r = self.send_go(name)
         self.structured = structured
         # NBD_INFO_EXPORT: size, then the transmission flags.
         info = [d for t, d in r if t == REP_INFO and d[:2] == b"\0\0"]
@@ -255,9 +260,7 @@ def main():
     c.greet()
     c.structured_replies()
     assert c.meta(b"rw", b"base:allocation")[-1][0] == REP_ACK
-    n = b"ro"
-    c.opt(OPT_GO, struct.pack(">I", len(n)) + n + struct.pack(">H", 0))
-    assert c.replies_until_final()[-1][0] == REP_ACK
+    c.send_go("ro")
     c.request(CMD_BS, 0, 4096)
     check(c.answer()[1] == EINVAL, "contexts set for another export are dropped at GO")
 
@@ -288,9 +291,7 @@ def main():
     assert c.meta(b"rw", b"base:allocation")[-1][0] == REP_ACK
     c.opt(OPT_SET_META, struct.pack(">I", 2) + b"rw" + struct.pack(">I", 1))  # a query count, no query
     check(c.reply()[1] == ERR_INVALID, "malformed SET_META_CONTEXT -> ERR_INVALID")
-    n = b"rw"
-    c.opt(OPT_GO, struct.pack(">I", len(n)) + n + struct.pack(">H", 0))
-    assert c.replies_until_final()[-1][0] == REP_ACK
+    c.send_go("rw")
     c.request(CMD_BS, 0, 4096)
     check(c.answer()[1] == EINVAL, "a failed SET_META_CONTEXT drops the contexts set before it")
 
